@@ -1,0 +1,19 @@
+//! The decision core of svcplane: the Service model, change tracking, endpoint selection
+//! and the per-node plan that every backend renders.
+//!
+//! Pure by design: no I/O, no async, no Kubernetes client, no kernel. Sources turn
+//! Kubernetes objects into [`model`] values and [`state::Change`]s; backends turn a
+//! [`plan::NodePlan`] into kernel state. Every Service rule (which endpoints are eligible,
+//! when to masquerade, what to do with no endpoints) is decided here and nowhere else.
+
+pub mod model;
+pub mod plan;
+pub mod selection;
+pub mod state;
+
+pub use model::*;
+pub use plan::{
+    ChangedKeys, Destination, EndpointSetKind, Frontend, FrontendKind, NodeConfig, NodePlan, NodePortAddresses,
+    PlanKey, Route, ServicePortPlan, SourceMatch, Unrouted,
+};
+pub use state::{Change, Changes, ClusterState, ServiceEndpoint};

@@ -1,0 +1,259 @@
+//! The Service model the core decides on: Kubernetes nouns with typed fields, already
+//! validated by the source that produced them.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+/// A namespaced object name, `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NamespacedName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl NamespacedName {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+}
+
+impl fmt::Display for NamespacedName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Transport protocols a Service port may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// Lower-case name as nftables and iptables spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+
+    /// Parses the Kubernetes spelling (`TCP`, `UDP`, `SCTP`).
+    pub fn from_kubernetes(value: &str) -> Option<Self> {
+        match value {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// IP family of an address or a rule set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    pub fn of(addr: &IpAddr) -> Self {
+        match addr {
+            IpAddr::V4(_) => IpFamily::V4,
+            IpAddr::V6(_) => IpFamily::V6,
+        }
+    }
+}
+
+/// Identifies one port of one Service: what kube-proxy calls a `ServicePortName`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePortName {
+    pub service: NamespacedName,
+    /// `spec.ports[].name`; empty for the single unnamed port.
+    pub port_name: String,
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for ServicePortName {
+    /// `ns/name:port` (`:port` omitted when unnamed), then `/proto` as kube-proxy logs it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.service)?;
+        if !self.port_name.is_empty() {
+            write!(f, ":{}", self.port_name)?;
+        }
+        write!(f, "/{}", self.protocol)
+    }
+}
+
+/// Whether a traffic source may reach every endpoint or only those on its own node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum TrafficPolicy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+/// `spec.trafficDistribution`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TrafficDistribution {
+    PreferSameZone,
+    PreferSameNode,
+}
+
+/// `spec.sessionAffinity: ClientIP` with its timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClientIpAffinity {
+    pub timeout: Duration,
+}
+
+/// How Kubernetes defaults `sessionAffinityConfig.clientIP.timeoutSeconds`.
+pub const DEFAULT_AFFINITY_TIMEOUT: Duration = Duration::from_secs(10_800);
+
+/// The kinds of Service the proxy programs. Headless and ExternalName Services never reach
+/// the core: the source drops them, as kube-proxy does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ServiceType {
+    #[default]
+    ClusterIp,
+    NodePort,
+    LoadBalancer,
+}
+
+/// One `spec.ports[]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServicePort {
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub node_port: Option<u16>,
+}
+
+/// A load-balancer ingress address from `status.loadBalancer.ingress[]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LoadBalancerIngress {
+    pub ip: IpAddr,
+    /// `ipMode: Proxy` addresses are handled by the load balancer, not by the node.
+    pub is_proxy_mode: bool,
+}
+
+/// A Service as the proxy needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Service {
+    pub name: NamespacedName,
+    pub service_type: ServiceType,
+    /// `spec.clusterIPs`, primary family first.
+    pub cluster_ips: Vec<IpAddr>,
+    pub ports: Vec<ServicePort>,
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ingress: Vec<LoadBalancerIngress>,
+    pub load_balancer_source_ranges: Vec<IpNet>,
+    pub session_affinity: Option<ClientIpAffinity>,
+    pub external_traffic_policy: TrafficPolicy,
+    pub internal_traffic_policy: TrafficPolicy,
+    pub health_check_node_port: Option<u16>,
+    pub traffic_distribution: Option<TrafficDistribution>,
+}
+
+impl Service {
+    /// A ClusterIP Service with the given addresses and ports and every other field at its
+    /// Kubernetes default. Tests and generators build on it.
+    pub fn cluster_ip(name: NamespacedName, cluster_ips: Vec<IpAddr>, ports: Vec<ServicePort>) -> Self {
+        Self {
+            name,
+            service_type: ServiceType::ClusterIp,
+            cluster_ips,
+            ports,
+            external_ips: Vec::new(),
+            load_balancer_ingress: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            session_affinity: None,
+            external_traffic_policy: TrafficPolicy::Cluster,
+            internal_traffic_policy: TrafficPolicy::Cluster,
+            health_check_node_port: None,
+            traffic_distribution: None,
+        }
+    }
+
+    pub fn port_name(&self, port: &ServicePort) -> ServicePortName {
+        ServicePortName { service: self.name.clone(), port_name: port.name.clone(), protocol: port.protocol }
+    }
+
+    /// NodePorts, external IPs and load-balancer IPs: traffic that `externalTrafficPolicy` governs.
+    pub fn is_externally_accessible(&self) -> bool {
+        self.service_type != ServiceType::ClusterIp
+            || !self.external_ips.is_empty()
+            || self.load_balancer_ingress.iter().any(|ingress| !ingress.is_proxy_mode)
+    }
+}
+
+/// One port of an EndpointSlice.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointPort {
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// One endpoint of an EndpointSlice (its first address only, as kube-proxy does).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    pub address: IpAddr,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    /// `hints.forZones[].name`.
+    pub zone_hints: Vec<String>,
+    /// `hints.forNodes[].name`.
+    pub node_hints: Vec<String>,
+}
+
+impl Endpoint {
+    /// A ready endpoint with no topology: the common case in tests.
+    pub fn ready(address: IpAddr, node_name: Option<&str>) -> Self {
+        Self {
+            address,
+            ready: true,
+            serving: true,
+            terminating: false,
+            node_name: node_name.map(str::to_owned),
+            zone: None,
+            zone_hints: Vec::new(),
+            node_hints: Vec::new(),
+        }
+    }
+}
+
+/// An EndpointSlice: a share of one Service's endpoints, in one address family.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointSlice {
+    /// The slice's own namespaced name.
+    pub name: NamespacedName,
+    /// The Service it belongs to (`kubernetes.io/service-name`).
+    pub service: NamespacedName,
+    pub family: IpFamily,
+    pub ports: Vec<EndpointPort>,
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// The node the proxy runs on, as far as endpoint selection cares.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Node {
+    pub name: String,
+    pub addresses: Vec<IpAddr>,
+    /// `topology.kubernetes.io/zone`.
+    pub zone: Option<String>,
+}

@@ -1,0 +1,1 @@
+//! svcplane-testbed
