@@ -1,1 +1,50 @@
-//! svcplane-controller
+//! svcplane-controller: what kube-controller-manager and the API server would have done to
+//! Services and Pods, for a cluster described by a directory of manifests.
+//!
+//! With no API server present, nobody assigns `spec.clusterIP` or `spec.ports[].nodePort`
+//! and nobody turns Pods into EndpointSlices. This crate does both, as pure functions over
+//! `k8s-openapi` objects:
+//!
+//! - [`Allocator`] fills in cluster IPs (one per IP family), node ports and health-check node
+//!   ports, validates the values a manifest set explicitly, and keeps every allocation where
+//!   it is for as long as its Service exists. Its state can be saved and restored as an
+//!   [`AllocationRecord`] (JSON), so allocations also survive restarts.
+//! - [`plan_slices`] / [`SlicePlanner`] compute the EndpointSlices of a Service with a
+//!   selector from the Pods (and optionally Nodes, for zones), the way the upstream
+//!   EndpointSlice controller would.
+//! - [`reconcile`] runs both over a whole set of parsed manifests ([`ClusterObjects`]) and
+//!   returns the Services with their allocated fields, the generated plus the explicit
+//!   EndpointSlices, and one [`ControllerError`] per problem, naming the object and field.
+//!
+//! What it deliberately does not do:
+//!
+//! - No I/O and no async. Reading manifests is `svcplane-source`'s job, and saving the
+//!   [`AllocationRecord`] is the binary's: this crate only (de)serialises it.
+//! - No writes to a Kubernetes API. The controller for a real API server comes later; it will
+//!   reuse [`plan_slices`] and diff the result against the slices it finds, which is also why
+//!   slice names are deterministic here.
+//! - No topology hints, no placeholder slices for Services without endpoints, no mirroring of
+//!   the legacy Endpoints API, nothing about nftables or any other backend.
+
+pub mod allocation;
+mod error;
+mod ip_family;
+mod object_key;
+mod reconcile;
+pub mod slices;
+mod stable_hash;
+
+#[cfg(test)]
+mod test_objects;
+
+pub use allocation::{
+    AllocationOutcome, AllocationRecord, Allocator, AllocatorConfig, NodePortRange, RECORD_VERSION, ServiceAllocation,
+};
+pub use error::{ConfigError, ControllerError, Reason, RecordError};
+pub use ip_family::IpFamily;
+pub use object_key::ObjectKey;
+pub use reconcile::{ClusterObjects, Reconciled, reconcile};
+pub use slices::{
+    LABEL_HEADLESS, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY, MAX_ENDPOINTS_PER_SLICE, PodIndex, SlicePlanner,
+    plan_slices,
+};

@@ -21,6 +21,8 @@ pub enum NodePortAddresses {
     AllLocal,
     /// Node addresses inside these CIDRs.
     Cidrs(Vec<IpNet>),
+    /// The node's primary address of each family (`--node-ip`, else the Node object's first).
+    Primary,
 }
 
 /// Node-level facts and operator choices the plan depends on.
@@ -142,6 +144,8 @@ pub struct NodePlan {
     pub service_ports: BTreeMap<PlanKey, ServicePortPlan>,
     /// Per family, where NodePorts answer.
     pub node_port_cidrs: BTreeMap<IpFamily, Vec<IpNet>>,
+    /// The keys each Service owns, so replanning one Service never scans the others.
+    keys_by_service: BTreeMap<NamespacedName, BTreeSet<PlanKey>>,
 }
 
 /// Which plan keys an update added, changed or removed.
@@ -149,41 +153,42 @@ pub type ChangedKeys = BTreeSet<PlanKey>;
 
 impl NodePlan {
     pub fn new(config: NodeConfig) -> Self {
-        let node_port_cidrs = node_port_cidrs(&config);
-        Self { config, service_ports: BTreeMap::new(), node_port_cidrs }
+        let node_port_cidrs = node_port_cidrs(&config, &[]);
+        Self { config, service_ports: BTreeMap::new(), node_port_cidrs, keys_by_service: BTreeMap::new() }
     }
 
     /// The plan from scratch.
     pub fn build(state: &ClusterState, config: NodeConfig) -> Self {
         let mut plan = Self::new(config);
-        let mut changes = Changes { everything: true, ..Changes::default() };
-        plan.update(state, &mut changes);
+        let changes = Changes { everything: true, ..Changes::default() };
+        plan.update(state, &changes);
         plan
     }
 
     /// Replans the services in `changes` (everything if it says so) and reports which keys
     /// differ from before. Costs in proportion to the changed services, not the cluster.
-    pub fn update(&mut self, state: &ClusterState, changes: &mut Changes) -> ChangedKeys {
+    pub fn update(&mut self, state: &ClusterState, changes: &Changes) -> ChangedKeys {
         let node = node_of(state, &self.config);
+        if changes.everything {
+            self.node_port_cidrs = node_port_cidrs(&self.config, &node.addresses);
+        }
         let mut changed = ChangedKeys::new();
         let services: Vec<NamespacedName> = if changes.everything {
             let mut all: BTreeSet<NamespacedName> = state.services().map(|s| s.name.clone()).collect();
-            all.extend(self.service_ports.keys().map(|k| k.name.service.clone()));
+            all.extend(self.keys_by_service.keys().cloned());
             all.into_iter().collect()
         } else {
             changes.services.iter().cloned().collect()
         };
         for name in services {
             let fresh = state.service(&name).map(|s| plan_service(s, state, &node, self)).unwrap_or_default();
-            let stale: Vec<PlanKey> = self
-                .service_ports
-                .range(..)
-                .filter(|(k, _)| k.name.service == name && !fresh.contains_key(k))
-                .map(|(k, _)| k.clone())
-                .collect();
-            for key in stale {
+            let previous = self.keys_by_service.remove(&name).unwrap_or_default();
+            for key in previous.into_iter().filter(|k| !fresh.contains_key(k)) {
                 self.service_ports.remove(&key);
                 changed.insert(key);
+            }
+            if !fresh.is_empty() {
+                self.keys_by_service.insert(name.clone(), fresh.keys().cloned().collect());
             }
             for (key, port_plan) in fresh {
                 if self.service_ports.get(&key) != Some(&port_plan) {
@@ -207,7 +212,7 @@ fn node_of(state: &ClusterState, config: &NodeConfig) -> Node {
     node
 }
 
-fn node_port_cidrs(config: &NodeConfig) -> BTreeMap<IpFamily, Vec<IpNet>> {
+fn node_port_cidrs(config: &NodeConfig, node_addresses: &[IpAddr]) -> BTreeMap<IpFamily, Vec<IpNet>> {
     let mut cidrs: BTreeMap<IpFamily, Vec<IpNet>> = BTreeMap::new();
     match &config.node_port_addresses {
         NodePortAddresses::AllLocal => {
@@ -218,6 +223,13 @@ fn node_port_cidrs(config: &NodeConfig) -> BTreeMap<IpFamily, Vec<IpNet>> {
             for cidr in list {
                 let family = IpFamily::of(&cidr.addr());
                 cidrs.entry(family).or_default().push(*cidr);
+            }
+        }
+        NodePortAddresses::Primary => {
+            for family in [IpFamily::V4, IpFamily::V6] {
+                if let Some(address) = node_addresses.iter().find(|a| IpFamily::of(a) == family) {
+                    cidrs.insert(family, vec![IpNet::from(*address)]);
+                }
             }
         }
     }
@@ -388,4 +400,231 @@ fn plan_frontends(
         }
     }
     frontends
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Endpoint, EndpointPort, EndpointSlice, ServicePort};
+    use crate::state::Change;
+
+    fn config() -> NodeConfig {
+        NodeConfig {
+            node_name: "node1".into(),
+            node_ips: vec!["198.18.0.11".parse().unwrap()],
+            cluster_cidrs: vec!["198.18.128.0/17".parse().unwrap()],
+            node_port_addresses: NodePortAddresses::AllLocal,
+        }
+    }
+
+    fn service(service_type: ServiceType) -> Service {
+        let mut s = Service::cluster_ip(
+            NamespacedName::new("default", "web"),
+            vec!["198.19.0.10".parse().unwrap()],
+            vec![ServicePort { name: "http".into(), protocol: Protocol::Tcp, port: 80, node_port: Some(30080) }],
+        );
+        s.service_type = service_type;
+        s
+    }
+
+    fn slice(endpoints: &[(&str, &str)]) -> EndpointSlice {
+        EndpointSlice {
+            name: NamespacedName::new("default", "web-abc"),
+            service: NamespacedName::new("default", "web"),
+            family: IpFamily::V4,
+            ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
+            endpoints: endpoints.iter().map(|(ip, node)| Endpoint::ready(ip.parse().unwrap(), Some(node))).collect(),
+        }
+    }
+
+    fn plan_of(service: Service, endpoints: &[(&str, &str)]) -> ServicePortPlan {
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(service));
+        state.apply(Change::SliceUpserted(slice(endpoints)));
+        let plan = NodePlan::build(&state, config());
+        assert_eq!(plan.service_ports.len(), 1);
+        plan.service_ports.into_values().next().unwrap()
+    }
+
+    fn frontend(plan: &ServicePortPlan, kind: FrontendKind) -> &Frontend {
+        plan.frontends.iter().find(|f| f.kind == kind).expect("frontend of that kind")
+    }
+
+    #[test]
+    fn a_cluster_ip_masquerades_only_traffic_from_outside_the_cluster_cidr() {
+        let plan = plan_of(service(ServiceType::ClusterIp), &[("198.18.129.2", "node1")]);
+        let cluster_ip = frontend(&plan, FrontendKind::ClusterIp);
+        assert_eq!(cluster_ip.destination, Destination::Address("198.19.0.10".parse().unwrap()));
+        assert_eq!(
+            cluster_ip.routes,
+            vec![
+                Route {
+                    sources: SourceMatch::Outside(vec!["198.18.128.0/17".parse().unwrap()]),
+                    masquerade: true,
+                    endpoints: EndpointSetKind::Cluster
+                },
+                Route { sources: SourceMatch::Any, masquerade: false, endpoints: EndpointSetKind::Cluster },
+            ]
+        );
+        assert_eq!(cluster_ip.unrouted, Unrouted::Unreachable);
+    }
+
+    #[test]
+    fn a_cluster_ip_without_a_known_cluster_cidr_is_never_masqueraded() {
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(service(ServiceType::ClusterIp)));
+        state.apply(Change::SliceUpserted(slice(&[("198.18.129.2", "node1")])));
+        let plan = NodePlan::build(&state, NodeConfig { cluster_cidrs: vec![], ..config() });
+        let port = plan.service_ports.values().next().unwrap();
+        assert!(port.frontends[0].routes.iter().all(|r| !r.masquerade));
+    }
+
+    #[test]
+    fn a_cluster_ip_service_has_no_node_port_frontend() {
+        let plan = plan_of(service(ServiceType::ClusterIp), &[("198.18.129.2", "node1")]);
+        assert!(plan.frontends.iter().all(|f| f.kind == FrontendKind::ClusterIp));
+    }
+
+    #[test]
+    fn a_node_port_masquerades_all_traffic_under_cluster_policy() {
+        let plan = plan_of(service(ServiceType::NodePort), &[("198.18.129.2", "node1")]);
+        let node_port = frontend(&plan, FrontendKind::NodePort);
+        assert_eq!(node_port.port, 30080);
+        assert_eq!(
+            node_port.routes,
+            vec![Route { sources: SourceMatch::Any, masquerade: true, endpoints: EndpointSetKind::Cluster }]
+        );
+    }
+
+    #[test]
+    fn a_service_without_endpoints_rejects_on_every_frontend() {
+        let plan = plan_of(service(ServiceType::NodePort), &[]);
+        assert_eq!(plan.frontends.len(), 2);
+        for f in &plan.frontends {
+            assert!(f.routes.is_empty());
+            assert_eq!(f.unrouted, Unrouted::Reject);
+        }
+    }
+
+    #[test]
+    fn external_local_policy_keeps_external_sources_on_local_endpoints_unmasqueraded() {
+        let mut svc = service(ServiceType::NodePort);
+        svc.external_traffic_policy = TrafficPolicy::Local;
+        let plan = plan_of(svc, &[("198.18.129.2", "node1"), ("198.18.130.2", "node2")]);
+        let node_port = frontend(&plan, FrontendKind::NodePort);
+        let last = node_port.routes.last().unwrap();
+        assert_eq!(last, &Route { sources: SourceMatch::Any, masquerade: false, endpoints: EndpointSetKind::Local });
+        assert_eq!(plan.local_endpoints.len(), 1);
+        // Pods short-circuit to every endpoint; the node itself too, masqueraded.
+        assert_eq!(node_port.routes[0].endpoints, EndpointSetKind::Cluster);
+        assert_eq!(
+            node_port.routes[1],
+            Route { sources: SourceMatch::ThisNode, masquerade: true, endpoints: EndpointSetKind::Cluster }
+        );
+    }
+
+    #[test]
+    fn external_local_policy_without_local_endpoints_drops_external_traffic() {
+        let mut svc = service(ServiceType::NodePort);
+        svc.external_traffic_policy = TrafficPolicy::Local;
+        let plan = plan_of(svc, &[("198.18.130.2", "node2")]);
+        let node_port = frontend(&plan, FrontendKind::NodePort);
+        assert_eq!(node_port.unrouted, Unrouted::Drop);
+        assert!(node_port.routes.iter().all(|r| r.sources != SourceMatch::Any));
+    }
+
+    #[test]
+    fn internal_local_policy_without_local_endpoints_drops_instead_of_rejecting() {
+        let mut svc = service(ServiceType::ClusterIp);
+        svc.internal_traffic_policy = TrafficPolicy::Local;
+        let plan = plan_of(svc, &[("198.18.130.2", "node2")]);
+        let cluster_ip = frontend(&plan, FrontendKind::ClusterIp);
+        assert!(cluster_ip.routes.is_empty());
+        assert_eq!(cluster_ip.unrouted, Unrouted::Drop);
+    }
+
+    #[test]
+    fn load_balancer_ips_in_proxy_mode_are_not_programmed() {
+        let mut svc = service(ServiceType::LoadBalancer);
+        svc.load_balancer_ingress = vec![
+            crate::model::LoadBalancerIngress { ip: "198.18.100.1".parse().unwrap(), is_proxy_mode: false },
+            crate::model::LoadBalancerIngress { ip: "198.18.100.2".parse().unwrap(), is_proxy_mode: true },
+        ];
+        svc.load_balancer_source_ranges = vec!["198.18.0.0/24".parse().unwrap()];
+        let plan = plan_of(svc, &[("198.18.129.2", "node1")]);
+        let lbs: Vec<_> = plan.frontends.iter().filter(|f| f.kind == FrontendKind::LoadBalancer).collect();
+        assert_eq!(lbs.len(), 1);
+        assert_eq!(lbs[0].destination, Destination::Address("198.18.100.1".parse().unwrap()));
+        assert_eq!(lbs[0].allowed_sources, vec!["198.18.0.0/24".parse::<IpNet>().unwrap()]);
+    }
+
+    #[test]
+    fn a_dual_stack_service_gets_one_plan_per_family_with_endpoints_of_that_family() {
+        let mut svc = service(ServiceType::NodePort);
+        svc.cluster_ips.push("2001:db8:f::10".parse().unwrap());
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(svc));
+        state.apply(Change::SliceUpserted(slice(&[("198.18.129.2", "node1")])));
+        let plan = NodePlan::build(&state, config());
+        let families: Vec<IpFamily> = plan.service_ports.keys().map(|k| k.family).collect();
+        assert_eq!(families, [IpFamily::V4, IpFamily::V6]);
+        let v6 = plan.service_ports.values().find(|p| p.family == IpFamily::V6).unwrap();
+        assert!(v6.cluster_endpoints.is_empty());
+        assert!(v6.frontends.iter().all(|f| f.unrouted == Unrouted::Reject));
+    }
+
+    #[test]
+    fn an_update_reports_only_the_service_ports_that_changed() {
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(service(ServiceType::ClusterIp)));
+        let mut other = service(ServiceType::ClusterIp);
+        other.name = NamespacedName::new("default", "other");
+        other.cluster_ips = vec!["198.19.0.11".parse().unwrap()];
+        state.apply(Change::ServiceUpserted(other));
+        let mut plan = NodePlan::build(&state, config());
+        state.take_changes();
+
+        state.apply(Change::SliceUpserted(slice(&[("198.18.129.2", "node1")])));
+        let changed = {
+            let changes = state.take_changes();
+            plan.update(&state, &changes)
+        };
+        let names: Vec<String> = changed.iter().map(|k| k.name.service.name.clone()).collect();
+        assert_eq!(names, ["web"]);
+        assert_eq!(plan.service_ports.len(), 2);
+    }
+
+    #[test]
+    fn deleting_a_service_removes_its_plans_and_reports_them() {
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(service(ServiceType::NodePort)));
+        let mut plan = NodePlan::build(&state, config());
+        state.take_changes();
+        state.apply(Change::ServiceDeleted(NamespacedName::new("default", "web")));
+        let changed = {
+            let changes = state.take_changes();
+            plan.update(&state, &changes)
+        };
+        assert_eq!(changed.len(), 1);
+        assert!(plan.service_ports.is_empty());
+    }
+
+    #[test]
+    fn primary_node_port_addresses_are_the_node_addresses_of_each_family() {
+        let state = ClusterState::new();
+        let plan = NodePlan::build(&state, NodeConfig { node_port_addresses: NodePortAddresses::Primary, ..config() });
+        assert_eq!(plan.node_port_cidrs.get(&IpFamily::V4), Some(&vec!["198.18.0.11/32".parse::<IpNet>().unwrap()]));
+        assert!(!plan.node_port_cidrs.contains_key(&IpFamily::V6));
+    }
+
+    #[test]
+    fn node_ports_answer_only_in_families_the_operator_allowed() {
+        let cfg = NodeConfig {
+            node_port_addresses: NodePortAddresses::Cidrs(vec!["198.18.0.0/24".parse().unwrap()]),
+            ..config()
+        };
+        let plan = NodePlan::new(cfg);
+        assert!(plan.node_port_cidrs.contains_key(&IpFamily::V4));
+        assert!(!plan.node_port_cidrs.contains_key(&IpFamily::V6));
+    }
 }

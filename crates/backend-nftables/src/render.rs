@@ -1,0 +1,442 @@
+//! Plan -> nftables objects. Pure: the same plan always renders the same objects.
+//!
+//! Shape (one table per family, all linear in the number of services; see
+//! `docs/backend-nftables.md`): named verdict maps dispatch on destination, one chain per
+//! endpoint set holds a cascade of `numgen random mod k == 0` DNAT rules (no anonymous
+//! sets or maps per service: the kernel charges those quadratically), and rejects/drops for
+//! unrouted traffic live in filter-hook maps that only see packets nothing DNATed.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use svcplane_core::{
+    Destination, EndpointSetKind, Frontend, FrontendKind, IpFamily, NodePlan, Route, ServicePortPlan, SourceMatch,
+    Unrouted,
+};
+use svcplane_nft::{
+    BaseChain, Chain, ChainType, CmpOp, DataType, Element, ElementValue, Expr, Family, FibAddress, Hook, Match,
+    Operation, RejectKind, Rule, Set, Statement, TableName, Value, Verdict,
+};
+
+use crate::names::service_object;
+
+/// The table svcplane owns in each family. Nothing outside it is ever touched.
+pub const TABLE: &str = "svcplane";
+/// The packet mark bit that asks for masquerade in postrouting (kube-proxy's default bit 14).
+pub const MASQUERADE_MARK: u32 = 0x4000;
+
+pub const SERVICE_IPS: &str = "service-ips";
+pub const SERVICE_NODEPORTS: &str = "service-nodeports";
+pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+pub const FIREWALL_IPS: &str = "firewall-ips";
+pub const HAIRPIN_ENDPOINTS: &str = "hairpin-endpoints";
+pub const NODEPORT_ADDRESSES: &str = "nodeport-addresses";
+const REJECT_CHAIN: &str = "reject-chain";
+
+pub fn table_name(family: IpFamily) -> TableName {
+    TableName { family: nft_family(family), name: TABLE.to_owned() }
+}
+
+pub fn nft_family(family: IpFamily) -> Family {
+    match family {
+        IpFamily::V4 => Family::Ip,
+        IpFamily::V6 => Family::Ip6,
+    }
+}
+
+fn address_type(family: IpFamily) -> DataType {
+    match family {
+        IpFamily::V4 => DataType::Ipv4Addr,
+        IpFamily::V6 => DataType::Ipv6Addr,
+    }
+}
+
+fn loopback(family: IpFamily) -> IpNet {
+    match family {
+        IpFamily::V4 => "127.0.0.0/8".parse().expect("valid prefix"),
+        IpFamily::V6 => "::1/128".parse().expect("valid prefix"),
+    }
+}
+
+/// The objects one service port owns in one family's table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortObjects {
+    /// Chains with their complete rule lists, in the order they must be created.
+    pub chains: Vec<(String, Vec<Rule>)>,
+    /// Elements of the shared maps that point at those chains (or reject/drop).
+    pub elements: Vec<Element>,
+    /// Endpoint addresses that need hairpin masquerade.
+    pub endpoint_addresses: Vec<IpAddr>,
+}
+
+fn map(name: &str, key: Vec<DataType>) -> Operation {
+    Operation::AddSet(Set {
+        name: name.to_owned(),
+        key,
+        value: Some(vec![DataType::Verdict]),
+        interval: false,
+        dynamic_timeout: None,
+        comment: None,
+    })
+}
+
+fn chain(name: &str, base: Option<(ChainType, Hook, i32)>) -> Operation {
+    Operation::AddChain(Chain {
+        name: name.to_owned(),
+        base: base.map(|(chain_type, hook, priority)| BaseChain { chain_type, hook, priority }),
+        comment: None,
+    })
+}
+
+fn rule(chain: &str, statements: Vec<Statement>) -> Operation {
+    Operation::AddRule(Rule { chain: chain.to_owned(), statements, comment: None })
+}
+
+fn jump(target: &str) -> Statement {
+    Statement::Verdict(Verdict::Jump(target.to_owned()))
+}
+
+fn dispatch_keys() -> Vec<Expr> {
+    vec![Expr::DestinationAddress, Expr::L4Proto, Expr::DestinationPort]
+}
+
+/// Matches a destination where NodePorts answer: a local, non-loopback address inside
+/// the node-port CIDRs.
+fn node_port_destination(family: IpFamily) -> Vec<Statement> {
+    vec![
+        Statement::Match(Match::FibLocal { address: FibAddress::Destination, negate: false }),
+        Statement::Match(Match::InPrefixes {
+            left: Expr::DestinationAddress,
+            negate: true,
+            prefixes: vec![loopback(family)],
+        }),
+        Statement::Match(Match::InSet {
+            keys: vec![Expr::DestinationAddress],
+            negate: false,
+            set: NODEPORT_ADDRESSES.to_owned(),
+        }),
+    ]
+}
+
+/// The fixed part of a family's table: maps, hooks and the rules that dispatch into them.
+pub fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
+    let addr = address_type(family);
+    let mut ops = vec![Operation::AddTable { comment: Some("rules for svcplane".to_owned()) }];
+    ops.push(map(SERVICE_IPS, vec![addr, DataType::InetProto, DataType::InetService]));
+    ops.push(map(SERVICE_NODEPORTS, vec![DataType::InetProto, DataType::InetService]));
+    ops.push(map(NO_ENDPOINT_SERVICES, vec![addr, DataType::InetProto, DataType::InetService]));
+    ops.push(map(NO_ENDPOINT_NODEPORTS, vec![DataType::InetProto, DataType::InetService]));
+    ops.push(map(FIREWALL_IPS, vec![addr, DataType::InetProto, DataType::InetService]));
+    ops.push(Operation::AddSet(Set {
+        name: HAIRPIN_ENDPOINTS.to_owned(),
+        key: vec![addr, addr],
+        value: None,
+        interval: false,
+        dynamic_timeout: None,
+        comment: None,
+    }));
+    ops.push(Operation::AddSet(Set {
+        name: NODEPORT_ADDRESSES.to_owned(),
+        key: vec![addr],
+        value: None,
+        interval: true,
+        dynamic_timeout: None,
+        comment: None,
+    }));
+    for cidr in plan.node_port_cidrs.get(&family).into_iter().flatten() {
+        ops.push(Operation::AddElement(Element {
+            set: NODEPORT_ADDRESSES.to_owned(),
+            key: vec![Value::Prefix(*cidr)],
+            value: None,
+            comment: None,
+        }));
+    }
+
+    // Regular chains before the rules that jump to them.
+    for name in [
+        "services",
+        "masquerading",
+        "firewall-check",
+        "service-endpoints-check",
+        "nodeport-endpoints-check",
+        REJECT_CHAIN,
+    ] {
+        ops.push(chain(name, None));
+    }
+    ops.push(chain("nat-prerouting", Some((ChainType::Nat, Hook::Prerouting, -100))));
+    ops.push(chain("nat-output", Some((ChainType::Nat, Hook::Output, -100))));
+    ops.push(chain("nat-postrouting", Some((ChainType::Nat, Hook::Postrouting, 100))));
+    ops.push(chain("filter-prerouting-pre-dnat", Some((ChainType::Filter, Hook::Prerouting, -110))));
+    ops.push(chain("filter-output-pre-dnat", Some((ChainType::Filter, Hook::Output, -110))));
+    ops.push(chain("filter-input", Some((ChainType::Filter, Hook::Input, 0))));
+    ops.push(chain("filter-forward", Some((ChainType::Filter, Hook::Forward, 0))));
+    ops.push(chain("filter-output", Some((ChainType::Filter, Hook::Output, 0))));
+
+    let new = || Statement::Match(Match::CtStateNew);
+    ops.push(rule("nat-prerouting", vec![jump("services")]));
+    ops.push(rule("nat-output", vec![jump("services")]));
+    ops.push(rule("nat-postrouting", vec![jump("masquerading")]));
+    ops.push(rule("filter-prerouting-pre-dnat", vec![new(), jump("firewall-check")]));
+    ops.push(rule("filter-output-pre-dnat", vec![new(), jump("firewall-check")]));
+    ops.push(rule("filter-input", vec![new(), jump("nodeport-endpoints-check")]));
+    ops.push(rule("filter-input", vec![new(), jump("service-endpoints-check")]));
+    ops.push(rule("filter-forward", vec![new(), jump("service-endpoints-check")]));
+    ops.push(rule("filter-output", vec![new(), jump("service-endpoints-check")]));
+
+    ops.push(rule("services", vec![Statement::VerdictMap { keys: dispatch_keys(), map: SERVICE_IPS.to_owned() }]));
+    let mut node_ports = node_port_destination(family);
+    node_ports.push(Statement::VerdictMap {
+        keys: vec![Expr::L4Proto, Expr::DestinationPort],
+        map: SERVICE_NODEPORTS.to_owned(),
+    });
+    ops.push(rule("services", node_ports));
+
+    ops.push(rule(
+        "firewall-check",
+        vec![Statement::VerdictMap { keys: dispatch_keys(), map: FIREWALL_IPS.to_owned() }],
+    ));
+    ops.push(rule(
+        "service-endpoints-check",
+        vec![Statement::VerdictMap { keys: dispatch_keys(), map: NO_ENDPOINT_SERVICES.to_owned() }],
+    ));
+    let mut no_node_port = node_port_destination(family);
+    no_node_port.push(Statement::VerdictMap {
+        keys: vec![Expr::L4Proto, Expr::DestinationPort],
+        map: NO_ENDPOINT_NODEPORTS.to_owned(),
+    });
+    ops.push(rule("nodeport-endpoints-check", no_node_port));
+    // `reject` is not a verdict a map can hold, hence a chain for it.
+    ops.push(rule(REJECT_CHAIN, vec![Statement::Reject(RejectKind::PortUnreachable)]));
+
+    // Hairpin: a pod reaching itself through a Service must see the node as the source,
+    // or its reply would skip the node's conntrack.
+    ops.push(rule(
+        "masquerading",
+        vec![
+            Statement::Match(Match::InSet {
+                keys: vec![Expr::SourceAddress, Expr::DestinationAddress],
+                negate: false,
+                set: HAIRPIN_ENDPOINTS.to_owned(),
+            }),
+            Statement::SetMarkBits(MASQUERADE_MARK),
+        ],
+    ));
+    ops.push(rule(
+        "masquerading",
+        vec![
+            Statement::Match(Match::MarkMasked { mask: MASQUERADE_MARK, op: CmpOp::Eq, value: 0 }),
+            Statement::Verdict(Verdict::Return),
+        ],
+    ));
+    // Clear the bit so a packet that passes postrouting twice (tunnels) is not re-masqueraded.
+    ops.push(rule("masquerading", vec![Statement::ToggleMarkBits(MASQUERADE_MARK)]));
+    ops.push(rule("masquerading", vec![Statement::Masquerade { fully_random: true }]));
+    ops
+}
+
+fn protocol_number(plan: &ServicePortPlan) -> u8 {
+    match plan.protocol {
+        svcplane_core::Protocol::Tcp => 6,
+        svcplane_core::Protocol::Udp => 17,
+        svcplane_core::Protocol::Sctp => 132,
+    }
+}
+
+fn endpoint_chain_name(plan: &ServicePortPlan, set: EndpointSetKind) -> String {
+    match set {
+        EndpointSetKind::Cluster => service_object("service", &plan.name),
+        EndpointSetKind::Local => service_object("local", &plan.name),
+    }
+}
+
+/// A cascade that picks each of `n` endpoints with probability 1/n: rule `i` matches with
+/// probability 1/(n-i) given that no earlier rule did; the last one always matches.
+fn endpoint_chain_rules(chain: &str, plan: &ServicePortPlan, set: EndpointSetKind) -> Vec<Rule> {
+    let endpoints = plan.endpoints(set);
+    let count = endpoints.len();
+    endpoints
+        .iter()
+        .enumerate()
+        .map(|(index, endpoint)| {
+            let mut statements = Vec::with_capacity(3);
+            let remaining = count - index;
+            if remaining > 1 {
+                statements.push(Statement::Match(Match::Compare {
+                    left: Expr::RandomModulo(remaining as u32),
+                    op: CmpOp::Eq,
+                    right: Value::Integer(0),
+                }));
+            }
+            statements.push(Statement::Match(Match::Compare {
+                left: Expr::L4Proto,
+                op: CmpOp::Eq,
+                right: Value::Protocol(protocol_number(plan)),
+            }));
+            statements.push(Statement::Dnat { address: endpoint.ip(), port: Some(endpoint.port()) });
+            Rule { chain: chain.to_owned(), statements, comment: None }
+        })
+        .collect()
+}
+
+fn source_match(sources: &SourceMatch) -> Option<Match> {
+    match sources {
+        SourceMatch::Any => None,
+        SourceMatch::Inside(prefixes) => {
+            Some(Match::InPrefixes { left: Expr::SourceAddress, negate: false, prefixes: prefixes.clone() })
+        }
+        SourceMatch::Outside(prefixes) => {
+            Some(Match::InPrefixes { left: Expr::SourceAddress, negate: true, prefixes: prefixes.clone() })
+        }
+        SourceMatch::ThisNode => Some(Match::FibLocal { address: FibAddress::Source, negate: false }),
+    }
+}
+
+fn route_rule(chain: &str, route: &Route, plan: &ServicePortPlan) -> Rule {
+    let mut statements = Vec::with_capacity(3);
+    if let Some(condition) = source_match(&route.sources) {
+        statements.push(Statement::Match(condition));
+    }
+    if route.masquerade {
+        statements.push(Statement::SetMarkBits(MASQUERADE_MARK));
+    }
+    statements.push(Statement::Verdict(Verdict::Goto(endpoint_chain_name(plan, route.endpoints))));
+    Rule { chain: chain.to_owned(), statements, comment: None }
+}
+
+/// A frontend whose only route takes everyone, unmasqueraded, can point straight at the
+/// endpoint chain; anything else needs a chain of its own for the route rules.
+fn direct_target(frontend: &Frontend, plan: &ServicePortPlan) -> Option<String> {
+    match frontend.routes.as_slice() {
+        [Route { sources: SourceMatch::Any, masquerade: false, endpoints }] => {
+            Some(endpoint_chain_name(plan, *endpoints))
+        }
+        _ => None,
+    }
+}
+
+fn frontend_key(frontend: &Frontend, family: IpFamily, plan: &ServicePortPlan) -> Vec<Value> {
+    let proto = Value::Protocol(protocol_number(plan));
+    match frontend.destination {
+        Destination::Address(address) => {
+            debug_assert_eq!(IpFamily::of(&address), family);
+            vec![Value::Address(address), proto, Value::Port(frontend.port)]
+        }
+        Destination::NodePortAddresses => vec![proto, Value::Port(frontend.port)],
+    }
+}
+
+fn dispatch_map(frontend: &Frontend) -> (&'static str, &'static str) {
+    match frontend.destination {
+        Destination::Address(_) => (SERVICE_IPS, NO_ENDPOINT_SERVICES),
+        Destination::NodePortAddresses => (SERVICE_NODEPORTS, NO_ENDPOINT_NODEPORTS),
+    }
+}
+
+/// Frontends of one class share their route list (the core plans them that way), so they
+/// share one chain: `internal-…` for ClusterIPs, `external-…` for the rest.
+fn route_chain_name(frontend: &Frontend, plan: &ServicePortPlan) -> String {
+    match frontend.kind {
+        FrontendKind::ClusterIp => service_object("internal", &plan.name),
+        FrontendKind::NodePort | FrontendKind::ExternalIp | FrontendKind::LoadBalancer => {
+            service_object("external", &plan.name)
+        }
+    }
+}
+
+/// Everything one service port owns in its family's table.
+pub fn render_port(plan: &ServicePortPlan) -> PortObjects {
+    let family = plan.family;
+    let mut objects = PortObjects::default();
+    let mut used_sets: Vec<EndpointSetKind> = Vec::new();
+    for frontend in &plan.frontends {
+        for route in &frontend.routes {
+            if !used_sets.contains(&route.endpoints) {
+                used_sets.push(route.endpoints);
+            }
+        }
+    }
+    used_sets.sort();
+    for set in used_sets {
+        let name = endpoint_chain_name(plan, set);
+        let rules = endpoint_chain_rules(&name, plan, set);
+        objects.chains.push((name, rules));
+        objects.endpoint_addresses.extend(plan.endpoints(set).iter().map(|e| e.ip()));
+    }
+    objects.endpoint_addresses.sort();
+    objects.endpoint_addresses.dedup();
+
+    for frontend in &plan.frontends {
+        let key = frontend_key(frontend, family, plan);
+        let (dispatch, no_endpoint) = dispatch_map(frontend);
+        if !frontend.routes.is_empty() {
+            let target = match direct_target(frontend, plan) {
+                Some(target) => target,
+                None => {
+                    let name = route_chain_name(frontend, plan);
+                    if !objects.chains.iter().any(|(existing, _)| *existing == name) {
+                        let rules = frontend.routes.iter().map(|route| route_rule(&name, route, plan)).collect();
+                        objects.chains.push((name.clone(), rules));
+                    }
+                    name
+                }
+            };
+            objects.elements.push(Element {
+                set: dispatch.to_owned(),
+                key: key.clone(),
+                value: Some(ElementValue::Verdict(Verdict::Goto(target))),
+                comment: None,
+            });
+        }
+        let unrouted = match frontend.unrouted {
+            Unrouted::Reject => Some(Verdict::Goto(REJECT_CHAIN.to_owned())),
+            Unrouted::Drop => Some(Verdict::Drop),
+            Unrouted::Unreachable => None,
+        };
+        if let Some(verdict) = unrouted {
+            objects.elements.push(Element {
+                set: no_endpoint.to_owned(),
+                key: key.clone(),
+                value: Some(ElementValue::Verdict(verdict)),
+                comment: None,
+            });
+        }
+        if !frontend.allowed_sources.is_empty()
+            && let Destination::Address(_) = frontend.destination
+        {
+            let name = service_object("firewall", &plan.name);
+            if !objects.chains.iter().any(|(existing, _)| *existing == name) {
+                let rules = vec![Rule {
+                    chain: name.clone(),
+                    statements: vec![
+                        Statement::Match(Match::InPrefixes {
+                            left: Expr::SourceAddress,
+                            negate: true,
+                            prefixes: frontend.allowed_sources.clone(),
+                        }),
+                        Statement::Verdict(Verdict::Drop),
+                    ],
+                    comment: None,
+                }];
+                objects.chains.push((name.clone(), rules));
+            }
+            objects.elements.push(Element {
+                set: FIREWALL_IPS.to_owned(),
+                key,
+                value: Some(ElementValue::Verdict(Verdict::Goto(name))),
+                comment: None,
+            });
+        }
+    }
+    objects
+}
+
+/// The hairpin element for one endpoint address: source and destination both the endpoint.
+pub fn hairpin_element(address: IpAddr) -> Element {
+    Element {
+        set: HAIRPIN_ENDPOINTS.to_owned(),
+        key: vec![Value::Address(address), Value::Address(address)],
+        value: None,
+        comment: None,
+    }
+}

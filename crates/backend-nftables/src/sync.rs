@@ -1,0 +1,288 @@
+//! Applying plans: a full sync writes the whole table in one transaction; a partial sync
+//! sends only the difference for the service ports that changed, computed against an
+//! in-memory record of what was written (the kernel is never read back on the sync path).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use svcplane_core::{ChangedKeys, IpFamily, NodePlan, PlanKey};
+use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, Transaction};
+
+use crate::render::{PortObjects, base_operations, hairpin_element, render_port, table_name};
+
+/// Why a sync failed. The previous ruleset stays in place (transactions are atomic) and
+/// the next sync is a full one.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("applying the {family:?} nftables transaction ({operations} operations): {source}")]
+    Apply {
+        family: IpFamily,
+        operations: usize,
+        #[source]
+        source: NftError,
+    },
+}
+
+/// What one sync did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    pub full: bool,
+    pub service_ports: usize,
+    pub operations: usize,
+}
+
+/// The nftables backend: owns the `svcplane` tables and keeps them equal to the plan.
+#[derive(Debug)]
+pub struct NftablesBackend<N> {
+    nft: N,
+    families: Vec<IpFamily>,
+    written: HashMap<PlanKey, PortObjects>,
+    hairpin_refs: HashMap<(IpFamily, IpAddr), usize>,
+    /// The node-port CIDRs the base objects were written with; a change rewrites all.
+    written_node_port_cidrs: Option<BTreeMap<IpFamily, Vec<IpNet>>>,
+    needs_full_sync: bool,
+}
+
+/// Every table operation for `plan` from scratch, one transaction per family. The table is
+/// added, deleted and added again first, so whatever was there before is replaced whole.
+pub fn render_full(plan: &NodePlan, families: &[IpFamily]) -> Vec<Transaction> {
+    families
+        .iter()
+        .map(|&family| {
+            let mut operations = vec![Operation::AddTable { comment: None }, Operation::DeleteTable];
+            operations.extend(base_operations(family, plan));
+            let mut hairpin: HashSet<IpAddr> = HashSet::new();
+            for (_, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
+                let objects = render_port(port_plan);
+                add_chains(&mut operations, &objects.chains);
+                operations.extend(objects.elements.into_iter().map(Operation::AddElement));
+                for address in objects.endpoint_addresses {
+                    if hairpin.insert(address) {
+                        operations.push(Operation::AddElement(hairpin_element(address)));
+                    }
+                }
+            }
+            Transaction { table: table_name(family), operations }
+        })
+        .collect()
+}
+
+fn add_chains(operations: &mut Vec<Operation>, chains: &[(String, Vec<Rule>)]) {
+    // All chains first: rules may jump to chains created later in the list.
+    for (name, _) in chains {
+        operations.push(Operation::AddChain(svcplane_nft::Chain { name: name.clone(), base: None, comment: None }));
+    }
+    for (_, rules) in chains {
+        operations.extend(rules.iter().cloned().map(Operation::AddRule));
+    }
+}
+
+/// The operations that turn `old` into `new` for one service port, sorted into phases so
+/// that nothing is referenced before it exists or deleted while still referenced.
+#[derive(Debug, Default)]
+struct Phases {
+    add_chains: Vec<Operation>,
+    rules: Vec<Operation>,
+    delete_elements: Vec<Operation>,
+    add_elements: Vec<Operation>,
+    /// Stale chains are all flushed before any is deleted: they may jump to each other.
+    flush_chains: Vec<Operation>,
+    delete_chains: Vec<Operation>,
+}
+
+impl Phases {
+    fn diff(&mut self, old: &PortObjects, new: &PortObjects) {
+        let old_chains: HashMap<&str, &Vec<Rule>> = old.chains.iter().map(|(n, r)| (n.as_str(), r)).collect();
+        let new_chain_names: HashSet<&str> = new.chains.iter().map(|(n, _)| n.as_str()).collect();
+        for (name, rules) in &new.chains {
+            match old_chains.get(name.as_str()) {
+                None => {
+                    self.add_chains.push(Operation::AddChain(svcplane_nft::Chain {
+                        name: name.clone(),
+                        base: None,
+                        comment: None,
+                    }));
+                    self.rules.extend(rules.iter().cloned().map(Operation::AddRule));
+                }
+                Some(old_rules) if *old_rules != rules => {
+                    self.rules.push(Operation::FlushChain(name.clone()));
+                    self.rules.extend(rules.iter().cloned().map(Operation::AddRule));
+                }
+                Some(_) => {}
+            }
+        }
+        for (name, _) in &old.chains {
+            if !new_chain_names.contains(name.as_str()) {
+                self.flush_chains.push(Operation::FlushChain(name.clone()));
+                self.delete_chains.push(Operation::DeleteChain(name.clone()));
+            }
+        }
+        let element_id = |e: &Element| (e.set.clone(), e.key.clone());
+        let old_elements: HashMap<_, &Element> = old.elements.iter().map(|e| (element_id(e), e)).collect();
+        let new_elements: HashMap<_, &Element> = new.elements.iter().map(|e| (element_id(e), e)).collect();
+        for element in &new.elements {
+            match old_elements.get(&element_id(element)) {
+                Some(old_element) if *old_element == element => {}
+                Some(old_element) => {
+                    self.delete_elements.push(Operation::DeleteElement((*old_element).clone()));
+                    self.add_elements.push(Operation::AddElement(element.clone()));
+                }
+                None => self.add_elements.push(Operation::AddElement(element.clone())),
+            }
+        }
+        for element in &old.elements {
+            if !new_elements.contains_key(&element_id(element)) {
+                self.delete_elements.push(Operation::DeleteElement(element.clone()));
+            }
+        }
+    }
+
+    fn into_operations(self) -> Vec<Operation> {
+        let mut operations = self.add_chains;
+        operations.extend(self.rules);
+        operations.extend(self.delete_elements);
+        operations.extend(self.add_elements);
+        operations.extend(self.flush_chains);
+        operations.extend(self.delete_chains);
+        operations
+    }
+}
+
+impl<N: Nftables> NftablesBackend<N> {
+    /// A backend that programs both IP families through `nft`.
+    pub fn new(nft: N) -> Self {
+        Self::with_families(nft, vec![IpFamily::V4, IpFamily::V6])
+    }
+
+    pub fn with_families(nft: N, families: Vec<IpFamily>) -> Self {
+        Self {
+            nft,
+            families,
+            written: HashMap::new(),
+            hairpin_refs: HashMap::new(),
+            written_node_port_cidrs: None,
+            needs_full_sync: true,
+        }
+    }
+
+    pub fn nftables(&self) -> &N {
+        &self.nft
+    }
+
+    pub fn nftables_mut(&mut self) -> &mut N {
+        &mut self.nft
+    }
+
+    /// Makes the next sync a full one (startup, after a failure, or when the operator asks).
+    pub fn request_full_sync(&mut self) {
+        self.needs_full_sync = true;
+    }
+
+    /// Brings the kernel in line with `plan`. `changed` names the service ports that differ
+    /// from the previous plan; it is ignored when a full sync is due.
+    pub fn sync(&mut self, plan: &NodePlan, changed: &ChangedKeys) -> Result<SyncReport, SyncError> {
+        if self.needs_full_sync || self.written_node_port_cidrs.as_ref() != Some(&plan.node_port_cidrs) {
+            return self.full_sync(plan);
+        }
+        self.partial_sync(plan, changed)
+    }
+
+    fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, SyncError> {
+        let transactions = render_full(plan, &self.families);
+        let mut operations = 0;
+        for (transaction, &family) in transactions.iter().zip(&self.families) {
+            operations += transaction.operations.len();
+            self.nft.apply(transaction).map_err(|source| SyncError::Apply {
+                family,
+                operations: transaction.operations.len(),
+                source,
+            })?;
+        }
+        self.written.clear();
+        self.hairpin_refs.clear();
+        for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| self.families.contains(&key.family)) {
+            let objects = render_port(port_plan);
+            for address in &objects.endpoint_addresses {
+                *self.hairpin_refs.entry((key.family, *address)).or_insert(0) += 1;
+            }
+            self.written.insert(key.clone(), objects);
+        }
+        self.written_node_port_cidrs = Some(plan.node_port_cidrs.clone());
+        self.needs_full_sync = false;
+        Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations })
+    }
+
+    fn partial_sync(&mut self, plan: &NodePlan, changed: &ChangedKeys) -> Result<SyncReport, SyncError> {
+        let empty = PortObjects::default();
+        let mut report = SyncReport::default();
+        for &family in &self.families.clone() {
+            let mut phases = Phases::default();
+            let mut rendered: Vec<(PlanKey, Option<PortObjects>)> = Vec::new();
+            let mut hairpin_delta: HashMap<IpAddr, isize> = HashMap::new();
+            for key in changed.iter().filter(|key| key.family == family) {
+                let new = plan.service_ports.get(key).map(render_port);
+                let old = self.written.get(key).unwrap_or(&empty);
+                phases.diff(old, new.as_ref().unwrap_or(&empty));
+                for address in &old.endpoint_addresses {
+                    *hairpin_delta.entry(*address).or_insert(0) -= 1;
+                }
+                for address in new.iter().flat_map(|n| &n.endpoint_addresses) {
+                    *hairpin_delta.entry(*address).or_insert(0) += 1;
+                }
+                rendered.push((key.clone(), new));
+            }
+            let mut new_refs: Vec<(IpAddr, usize)> = Vec::new();
+            for (address, delta) in hairpin_delta {
+                if delta == 0 {
+                    continue;
+                }
+                let before = self.hairpin_refs.get(&(family, address)).copied().unwrap_or(0);
+                let after = before.checked_add_signed(delta).expect("hairpin references never go negative");
+                if before == 0 && after > 0 {
+                    phases.add_elements.push(Operation::AddElement(hairpin_element(address)));
+                } else if before > 0 && after == 0 {
+                    phases.delete_elements.push(Operation::DeleteElement(hairpin_element(address)));
+                }
+                new_refs.push((address, after));
+            }
+            let operations = phases.into_operations();
+            if operations.is_empty() {
+                continue;
+            }
+            let transaction = Transaction { table: table_name(family), operations };
+            if let Err(source) = self.nft.apply(&transaction) {
+                self.needs_full_sync = true;
+                return Err(SyncError::Apply { family, operations: transaction.operations.len(), source });
+            }
+            report.operations += transaction.operations.len();
+            report.service_ports += rendered.len();
+            for (key, objects) in rendered {
+                match objects {
+                    Some(objects) => self.written.insert(key, objects),
+                    None => self.written.remove(&key),
+                };
+            }
+            for (address, count) in new_refs {
+                if count == 0 {
+                    self.hairpin_refs.remove(&(family, address));
+                } else {
+                    self.hairpin_refs.insert((family, address), count);
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Removes every table svcplane owns. Returns whether anything was there.
+    pub fn cleanup(&mut self) -> Result<bool, NftError> {
+        let mut removed = false;
+        for &family in &self.families {
+            removed |= self.nft.delete_table(&table_name(family))?;
+        }
+        self.written.clear();
+        self.hairpin_refs.clear();
+        self.needs_full_sync = true;
+        Ok(removed)
+    }
+}

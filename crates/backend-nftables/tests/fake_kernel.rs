@@ -1,0 +1,225 @@
+//! The nftables backend against the in-memory fake kernel: full and partial syncs must
+//! always leave the same ruleset a fresh full sync of the final plan would.
+
+use std::net::IpAddr;
+
+use svcplane_backend_nftables::{NftablesBackend, table_name};
+use svcplane_core::{
+    Change, ClusterState, Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, NodeConfig, NodePlan,
+    NodePortAddresses, Protocol, Service, ServicePort, ServiceType, TrafficPolicy,
+};
+use svcplane_nft::{FakeNftables, NftError, Nftables, TableName, Transaction, Value};
+
+fn config() -> NodeConfig {
+    NodeConfig {
+        node_name: "node1".into(),
+        node_ips: vec!["198.18.0.11".parse().unwrap()],
+        cluster_cidrs: vec!["198.18.128.0/17".parse().unwrap()],
+        node_port_addresses: NodePortAddresses::AllLocal,
+    }
+}
+
+fn service(name: &str, ip: &str, service_type: ServiceType) -> Service {
+    let mut s = Service::cluster_ip(
+        NamespacedName::new("default", name),
+        vec![ip.parse().unwrap()],
+        vec![ServicePort { name: "http".into(), protocol: Protocol::Tcp, port: 80, node_port: Some(30080) }],
+    );
+    s.service_type = service_type;
+    s
+}
+
+fn slice(service: &str, endpoints: &[(&str, &str)]) -> EndpointSlice {
+    EndpointSlice {
+        name: NamespacedName::new("default", format!("{service}-slice")),
+        service: NamespacedName::new("default", service),
+        family: IpFamily::V4,
+        ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
+        endpoints: endpoints.iter().map(|(ip, node)| Endpoint::ready(ip.parse().unwrap(), Some(node))).collect(),
+    }
+}
+
+/// Drives state, plan and backend together the way the proxy loop does.
+struct Harness<N> {
+    state: ClusterState,
+    plan: NodePlan,
+    backend: NftablesBackend<N>,
+}
+
+impl<N: Nftables> Harness<N> {
+    fn new(nft: N) -> Self {
+        Self { state: ClusterState::new(), plan: NodePlan::new(config()), backend: NftablesBackend::new(nft) }
+    }
+
+    fn apply(&mut self, changes: Vec<Change>) -> Result<svcplane_backend_nftables::SyncReport, String> {
+        for change in changes {
+            self.state.apply(change);
+        }
+        let changes = self.state.take_changes();
+        let changed = self.plan.update(&self.state, &changes);
+        self.backend.sync(&self.plan, &changed).map_err(|e| e.to_string())
+    }
+}
+
+fn full_sync_dump(state: &ClusterState) -> String {
+    let plan = NodePlan::build(state, config());
+    let mut backend = NftablesBackend::new(FakeNftables::new());
+    backend.sync(&plan, &Default::default()).expect("full sync applies");
+    backend.nftables().dump()
+}
+
+fn v4() -> TableName {
+    table_name(IpFamily::V4)
+}
+
+#[test]
+fn a_full_sync_writes_both_family_tables_into_the_fake() {
+    let mut h = Harness::new(FakeNftables::new());
+    let report = h
+        .apply(vec![
+            Change::ServiceUpserted(service("web", "198.19.0.10", ServiceType::NodePort)),
+            Change::SliceUpserted(slice("web", &[("198.18.129.1", "node1"), ("198.18.130.1", "node2")])),
+        ])
+        .unwrap();
+    assert!(report.full);
+    let fake = h.backend.nftables();
+    assert!(fake.table(&v4()).is_some());
+    assert!(fake.table(&table_name(IpFamily::V6)).is_some());
+    let table = fake.table(&v4()).unwrap();
+    let dispatch = table
+        .element("service-ips", &[Value::Address("198.19.0.10".parse().unwrap()), Value::Protocol(6), Value::Port(80)])
+        .expect("the ClusterIP is dispatched");
+    assert!(format!("{dispatch:?}").contains("internal-"), "ClusterIP goes through its route chain: {dispatch:?}");
+    assert_eq!(
+        table.rules("service-ULMVA6XW-default/web/tcp/http").map(<[_]>::len),
+        None,
+        "name includes the hash of the real base"
+    );
+    let chain = table.chains().into_iter().find(|c| c.name.starts_with("service-")).expect("endpoint chain");
+    assert_eq!(table.rules(&chain.name).unwrap().len(), 2, "one cascade rule per endpoint");
+    assert!(table.element("service-nodeports", &[Value::Protocol(6), Value::Port(30080)]).is_some());
+}
+
+#[test]
+fn a_service_without_endpoints_is_rejected_and_not_dispatched() {
+    let mut h = Harness::new(FakeNftables::new());
+    h.apply(vec![Change::ServiceUpserted(service("web", "198.19.0.10", ServiceType::ClusterIp))]).unwrap();
+    let table = h.backend.nftables().table(&v4()).unwrap();
+    let key = [Value::Address("198.19.0.10".parse().unwrap()), Value::Protocol(6), Value::Port(80)];
+    assert!(table.element("service-ips", &key).is_none());
+    let reject = table.element("no-endpoint-services", &key).expect("reject element");
+    assert!(format!("{reject:?}").contains("reject-chain"));
+}
+
+#[test]
+fn partial_syncs_leave_the_same_ruleset_as_a_full_sync_of_the_final_plan() {
+    let mut h = Harness::new(FakeNftables::new());
+    let steps: Vec<Vec<Change>> = vec![
+        vec![Change::ServiceUpserted(service("web", "198.19.0.10", ServiceType::NodePort))],
+        vec![Change::SliceUpserted(slice("web", &[("198.18.129.1", "node1")]))],
+        vec![Change::SliceUpserted(slice("web", &[("198.18.129.1", "node1"), ("198.18.130.1", "node2")]))],
+        vec![Change::ServiceUpserted(service("db", "198.19.0.11", ServiceType::ClusterIp))],
+        vec![Change::SliceUpserted(slice("db", &[("198.18.129.1", "node1")]))],
+        vec![Change::ServiceUpserted({
+            let mut s = service("web", "198.19.0.10", ServiceType::NodePort);
+            s.external_traffic_policy = TrafficPolicy::Local;
+            s
+        })],
+        vec![Change::SliceUpserted(slice("web", &[("198.18.130.1", "node2")]))],
+        vec![Change::SliceDeleted(NamespacedName::new("default", "db-slice"))],
+        vec![Change::ServiceDeleted(NamespacedName::new("default", "web"))],
+    ];
+    for (index, step) in steps.into_iter().enumerate() {
+        let report = h.apply(step).unwrap();
+        assert_eq!(report.full, index == 0, "only the first sync is full (step {index})");
+        assert_eq!(h.backend.nftables().dump(), full_sync_dump(&h.state), "after step {index}");
+    }
+}
+
+#[test]
+fn one_endpoint_change_rewrites_only_that_service() {
+    let mut h = Harness::new(FakeNftables::new());
+    let mut initial = Vec::new();
+    for i in 0..50 {
+        let name = format!("svc{i}");
+        initial.push(Change::ServiceUpserted(service(&name, &format!("198.19.1.{i}"), ServiceType::ClusterIp)));
+        initial.push(Change::SliceUpserted(slice(&name, &[("198.18.129.1", "node1"), ("198.18.129.2", "node1")])));
+    }
+    h.apply(initial).unwrap();
+    let report = h
+        .apply(vec![Change::SliceUpserted(slice("svc7", &[("198.18.129.1", "node1"), ("198.18.129.3", "node1")]))])
+        .unwrap();
+    assert!(!report.full);
+    assert_eq!(report.service_ports, 1);
+    // Flush and two cascade rules, and a hairpin element for the new endpoint (the old one
+    // is still used by the other services).
+    assert_eq!(report.operations, 4);
+}
+
+#[test]
+fn a_hairpin_element_stays_while_any_service_still_uses_the_endpoint() {
+    let mut h = Harness::new(FakeNftables::new());
+    h.apply(vec![
+        Change::ServiceUpserted(service("a", "198.19.0.10", ServiceType::ClusterIp)),
+        Change::ServiceUpserted(service("b", "198.19.0.11", ServiceType::ClusterIp)),
+        Change::SliceUpserted(slice("a", &[("198.18.129.1", "node1")])),
+        Change::SliceUpserted(slice("b", &[("198.18.129.1", "node1")])),
+    ])
+    .unwrap();
+    let hairpin = |h: &Harness<FakeNftables>| {
+        let ip: IpAddr = "198.18.129.1".parse().unwrap();
+        h.backend
+            .nftables()
+            .table(&v4())
+            .unwrap()
+            .element("hairpin-endpoints", &[Value::Address(ip), Value::Address(ip)])
+            .is_some()
+    };
+    h.apply(vec![Change::SliceDeleted(NamespacedName::new("default", "a-slice"))]).unwrap();
+    assert!(hairpin(&h), "service b still sends to the endpoint");
+    h.apply(vec![Change::SliceDeleted(NamespacedName::new("default", "b-slice"))]).unwrap();
+    assert!(!hairpin(&h));
+}
+
+/// A kernel that refuses the next transaction when told to.
+struct Flaky {
+    inner: FakeNftables,
+    fail_next: bool,
+}
+
+impl Nftables for Flaky {
+    fn apply(&mut self, transaction: &Transaction) -> Result<(), NftError> {
+        if std::mem::take(&mut self.fail_next) {
+            return Err(NftError::Apply { table: transaction.table.clone(), message: "injected failure".into() });
+        }
+        self.inner.apply(transaction)
+    }
+
+    fn delete_table(&mut self, table: &TableName) -> Result<bool, NftError> {
+        self.inner.delete_table(table)
+    }
+}
+
+#[test]
+fn a_failed_transaction_leaves_the_previous_ruleset_and_the_next_sync_is_full() {
+    let mut h = Harness::new(Flaky { inner: FakeNftables::new(), fail_next: false });
+    h.apply(vec![
+        Change::ServiceUpserted(service("web", "198.19.0.10", ServiceType::ClusterIp)),
+        Change::SliceUpserted(slice("web", &[("198.18.129.1", "node1")])),
+    ])
+    .unwrap();
+    let before = h.backend.nftables().inner.dump();
+    h.backend_mut_fail();
+    let error = h.apply(vec![Change::SliceUpserted(slice("web", &[("198.18.129.2", "node1")]))]).unwrap_err();
+    assert!(error.contains("injected failure"), "{error}");
+    assert_eq!(h.backend.nftables().inner.dump(), before, "nothing was half-applied");
+    let report = h.apply(vec![]).unwrap();
+    assert!(report.full, "the retry rewrites everything");
+    assert_eq!(h.backend.nftables().inner.dump(), full_sync_dump(&h.state));
+}
+
+impl Harness<Flaky> {
+    fn backend_mut_fail(&mut self) {
+        self.backend.nftables_mut().fail_next = true;
+    }
+}

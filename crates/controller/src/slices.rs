@@ -1,0 +1,419 @@
+//! EndpointSlices for Services with a selector, planned from Pods the way the upstream
+//! EndpointSlice controller lays them out.
+//!
+//! - Pods are selected from the Service's namespace when their labels contain every
+//!   key/value of `spec.selector`. An absent *or empty* selector selects nothing: such
+//!   Services get their endpoints from explicit EndpointSlices (the API server drops an
+//!   empty selector the same way).
+//! - Pods that are terminal (`Succeeded`, `Failed`), not scheduled (no `spec.nodeName`) or
+//!   without an IP are never endpoints. Terminating Pods (with `deletionTimestamp`) are,
+//!   with `terminating: true`.
+//! - Conditions: `serving` is the Pod's `Ready` condition; `ready` is `serving` and not
+//!   terminating, or always true with `spec.publishNotReadyAddresses`.
+//! - Address families are the Service's `spec.ipFamilies` (else the family of
+//!   `spec.clusterIP`, else both), each Pod contributing its first IP of each family.
+//! - Each Service port's `targetPort` is resolved per Pod: a number as is, a name through
+//!   the Pod's container ports of the same protocol (sidecar init containers included),
+//!   nothing means the Service port. A Pod lacking a named port is published without that
+//!   port; Pods are grouped by the resulting port list, and each (family, port list) group
+//!   is cut into slices of at most [`MAX_ENDPOINTS_PER_SLICE`] endpoints, sorted by address.
+//! - Slice names are `<service>-<suffix>`, the suffix a stable hash of the Service, family,
+//!   port list and chunk index: planning the same input twice gives the same names.
+//! - There is no placeholder slice for a Service without endpoints: it just has no slices.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Container, Node, ObjectReference, Pod, Service, ServicePort};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::error::{ControllerError, Reason};
+use crate::ip_family::IpFamily;
+use crate::object_key::{ObjectKey, namespace_of};
+use crate::stable_hash::stable_suffix;
+
+/// At most this many endpoints go into one slice, as upstream's default `--max-endpoints-per-slice`.
+pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;
+/// The label naming the Service a slice belongs to.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// The label naming the controller that manages a slice.
+pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
+/// Present (with an empty value) on slices of headless Services; kube-proxy skips those.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// Our value of [`LABEL_MANAGED_BY`]. Upstream's is `endpointslice-controller.k8s.io`; a
+/// different value lets both run against one API server without fighting over slices.
+pub const MANAGED_BY: &str = "endpointslice-controller.svcplane.io";
+
+const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+const SUFFIX_LEN: usize = 10;
+
+/// The EndpointSlices of one Service, from any set of Pods (other namespaces are ignored)
+/// and, for `zone`, optionally the Nodes. Scans every Pod: to plan many Services over the
+/// same Pods, use a [`SlicePlanner`].
+///
+/// Returns no slices for Services without a selector and for ExternalName Services; fails
+/// only for a Service without `metadata.name`.
+pub fn plan_slices(
+    service: &Service,
+    pods: &[Pod],
+    nodes: Option<&[Node]>,
+) -> Result<Vec<EndpointSlice>, ControllerError> {
+    let Some(target) = Target::of(service)? else { return Ok(Vec::new()) };
+    let zones = Zones::new(nodes.unwrap_or_default());
+    let selected: Vec<&Pod> = pods
+        .iter()
+        .filter(|pod| {
+            namespace_of(&pod.metadata) == target.key.namespace
+                && is_endpoint_candidate(pod)
+                && has_labels(pod, target.selector)
+        })
+        .collect();
+    Ok(target.slices(&selected, &zones))
+}
+
+/// Plans the slices of many Services over one set of Pods, through a [`PodIndex`].
+#[derive(Debug)]
+pub struct SlicePlanner<'a> {
+    pods: PodIndex<'a>,
+    zones: Zones<'a>,
+}
+
+impl<'a> SlicePlanner<'a> {
+    pub fn new(pods: &'a [Pod], nodes: Option<&'a [Node]>) -> Self {
+        Self { pods: PodIndex::new(pods), zones: Zones::new(nodes.unwrap_or_default()) }
+    }
+
+    /// The same as [`plan_slices`] with this planner's Pods and Nodes.
+    pub fn plan(&self, service: &Service) -> Result<Vec<EndpointSlice>, ControllerError> {
+        let Some(target) = Target::of(service)? else { return Ok(Vec::new()) };
+        let selected = self.pods.select(&target.key.namespace, target.selector);
+        Ok(target.slices(&selected, &self.zones))
+    }
+}
+
+/// The Pods that can be endpoints at all (not terminal, scheduled, with an IP), by namespace
+/// and by label `key=value`, so that a selector costs the size of its rarest label rather
+/// than a scan of every Pod.
+#[derive(Debug, Default)]
+pub struct PodIndex<'a> {
+    namespaces: HashMap<&'a str, NamespacePods<'a>>,
+}
+
+#[derive(Debug, Default)]
+struct NamespacePods<'a> {
+    pods: Vec<&'a Pod>,
+    /// `(key, value)` → indices into `pods`, ascending.
+    by_label: HashMap<(&'a str, &'a str), Vec<usize>>,
+}
+
+impl<'a> PodIndex<'a> {
+    pub fn new(pods: &'a [Pod]) -> Self {
+        let mut namespaces: HashMap<&'a str, NamespacePods<'a>> = HashMap::new();
+        for pod in pods.iter().filter(|pod| is_endpoint_candidate(pod)) {
+            let namespace = namespaces.entry(namespace_of(&pod.metadata)).or_default();
+            let index = namespace.pods.len();
+            namespace.pods.push(pod);
+            for (key, value) in pod.metadata.labels.iter().flatten() {
+                namespace.by_label.entry((key.as_str(), value.as_str())).or_default().push(index);
+            }
+        }
+        Self { namespaces }
+    }
+
+    /// The indexed Pods of `namespace` whose labels contain all of `selector`, in input
+    /// order. An empty selector selects every indexed Pod of the namespace.
+    pub fn select(&self, namespace: &str, selector: &BTreeMap<String, String>) -> Vec<&'a Pod> {
+        let Some(pods) = self.namespaces.get(namespace) else { return Vec::new() };
+        let mut postings = Vec::with_capacity(selector.len());
+        for (key, value) in selector {
+            match pods.by_label.get(&(key.as_str(), value.as_str())) {
+                Some(list) => postings.push(list),
+                None => return Vec::new(),
+            }
+        }
+        let Some(rarest) = postings.iter().min_by_key(|list| list.len()) else { return pods.pods.clone() };
+        rarest.iter().map(|&index| pods.pods[index]).filter(|pod| has_labels(pod, selector)).collect()
+    }
+}
+
+/// Node name → `topology.kubernetes.io/zone`.
+#[derive(Debug, Default)]
+struct Zones<'a> {
+    by_node: HashMap<&'a str, &'a str>,
+}
+
+impl<'a> Zones<'a> {
+    fn new(nodes: &'a [Node]) -> Self {
+        let by_node = nodes
+            .iter()
+            .filter_map(|node| {
+                let name = node.metadata.name.as_deref()?;
+                let zone = node.metadata.labels.as_ref()?.get(LABEL_ZONE)?;
+                Some((name, zone.as_str()))
+            })
+            .collect();
+        Self { by_node }
+    }
+
+    fn of(&self, node: &str) -> Option<&'a str> {
+        self.by_node.get(node).copied()
+    }
+}
+
+/// A Service that gets slices from us, with what planning needs from it.
+#[derive(Debug)]
+struct Target<'s> {
+    service: &'s Service,
+    key: ObjectKey,
+    selector: &'s BTreeMap<String, String>,
+    ports: &'s [ServicePort],
+    families: Vec<IpFamily>,
+    headless: bool,
+    publish_not_ready: bool,
+}
+
+impl<'s> Target<'s> {
+    fn of(service: &'s Service) -> Result<Option<Self>, ControllerError> {
+        let key = ObjectKey::of(&service.metadata);
+        if key.name.is_empty() {
+            return Err(ControllerError::PlanSlices {
+                service: key,
+                field: "metadata.name".into(),
+                reason: Box::new(Reason::Missing),
+            });
+        }
+        let Some(spec) = service.spec.as_ref() else { return Ok(None) };
+        if spec.type_.as_deref() == Some("ExternalName") {
+            return Ok(None);
+        }
+        let Some(selector) = spec.selector.as_ref().filter(|selector| !selector.is_empty()) else { return Ok(None) };
+        let mut families: Vec<IpFamily> = Vec::new();
+        for family in spec.ip_families.iter().flatten().filter_map(|text| IpFamily::from_kubernetes(text)) {
+            if !families.contains(&family) {
+                families.push(family);
+            }
+        }
+        let cluster_ip = spec.cluster_ip.as_deref();
+        if families.is_empty() {
+            match cluster_ip.and_then(|ip| ip.parse::<IpAddr>().ok()) {
+                Some(ip) => families.push(IpFamily::of(ip)),
+                None => families.extend([IpFamily::Ipv4, IpFamily::Ipv6]),
+            }
+        }
+        Ok(Some(Self {
+            service,
+            key,
+            selector,
+            ports: spec.ports.as_deref().unwrap_or_default(),
+            families,
+            headless: cluster_ip == Some("None"),
+            publish_not_ready: spec.publish_not_ready_addresses == Some(true),
+        }))
+    }
+
+    fn slices(&self, pods: &[&Pod], zones: &Zones<'_>) -> Vec<EndpointSlice> {
+        // Pods grouped by their resolved target ports (`None`: the named port is missing),
+        // then by family (`[IPv4, IPv6]`).
+        type Group = [Vec<(IpAddr, Endpoint)>; 2];
+        let mut groups: BTreeMap<Vec<Option<i32>>, Group> = BTreeMap::new();
+        for pod in pods {
+            let resolved: Vec<Option<i32>> = self.ports.iter().map(|port| resolve_target_port(port, pod)).collect();
+            let group = groups.entry(resolved).or_default();
+            let mut seen = [false; 2];
+            for ip in pod_ips(pod) {
+                let family = IpFamily::of(ip);
+                let slot = family_slot(family);
+                if !self.families.contains(&family) || seen[slot] {
+                    continue;
+                }
+                seen[slot] = true;
+                group[slot].push((ip, self.endpoint(pod, ip, zones)));
+            }
+        }
+
+        let mut by_family: [Vec<EndpointSlice>; 2] = Default::default();
+        for (resolved, group) in groups {
+            let ports: Vec<EndpointPort> = self
+                .ports
+                .iter()
+                .zip(&resolved)
+                .filter_map(|(port, number)| Some(endpoint_port(port, (*number)?)))
+                .collect();
+            let port_text: Vec<String> = ports.iter().map(port_identity).collect();
+            for (slot, mut endpoints) in group.into_iter().enumerate() {
+                if endpoints.is_empty() {
+                    continue;
+                }
+                let family = [IpFamily::Ipv4, IpFamily::Ipv6][slot];
+                endpoints.sort_by(|(a_ip, a), (b_ip, b)| a_ip.cmp(b_ip).then_with(|| pod_name(a).cmp(pod_name(b))));
+                let mut endpoints = endpoints.into_iter().map(|(_, endpoint)| endpoint).peekable();
+                let mut index = 0;
+                while endpoints.peek().is_some() {
+                    let chunk: Vec<Endpoint> = endpoints.by_ref().take(MAX_ENDPOINTS_PER_SLICE).collect();
+                    let identity = format!("{}/{family}/{}/{index}", self.key, port_text.join(","));
+                    let name = format!("{}-{}", self.key.name, stable_suffix(&identity, SUFFIX_LEN));
+                    by_family[slot].push(EndpointSlice {
+                        metadata: self.slice_metadata(name),
+                        address_type: family.as_str().to_owned(),
+                        endpoints: chunk,
+                        ports: Some(ports.clone()),
+                    });
+                    index += 1;
+                }
+            }
+        }
+        let [mut slices, ipv6] = by_family;
+        slices.extend(ipv6);
+        slices
+    }
+
+    fn endpoint(&self, pod: &Pod, ip: IpAddr, zones: &Zones<'_>) -> Endpoint {
+        let serving = is_ready(pod);
+        let terminating = pod.metadata.deletion_timestamp.is_some();
+        let spec = pod.spec.as_ref();
+        let node_name = spec.and_then(|spec| spec.node_name.clone());
+        let hostname = spec
+            .filter(|spec| spec.subdomain.as_deref() == Some(self.key.name.as_str()))
+            .and_then(|spec| spec.hostname.clone())
+            .filter(|hostname| !hostname.is_empty());
+        Endpoint {
+            addresses: vec![ip.to_string()],
+            conditions: Some(EndpointConditions {
+                ready: Some(self.publish_not_ready || (serving && !terminating)),
+                serving: Some(serving),
+                terminating: Some(terminating),
+            }),
+            hostname,
+            zone: node_name.as_deref().and_then(|node| zones.of(node)).map(str::to_owned),
+            node_name,
+            target_ref: Some(ObjectReference {
+                kind: Some("Pod".to_owned()),
+                namespace: Some(self.key.namespace.clone()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+                ..ObjectReference::default()
+            }),
+            ..Endpoint::default()
+        }
+    }
+
+    fn slice_metadata(&self, name: String) -> ObjectMeta {
+        let mut labels = self.service.metadata.labels.clone().unwrap_or_default();
+        labels.remove(LABEL_HEADLESS);
+        labels.insert(LABEL_SERVICE_NAME.to_owned(), self.key.name.clone());
+        labels.insert(LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned());
+        if self.headless {
+            labels.insert(LABEL_HEADLESS.to_owned(), String::new());
+        }
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.key.namespace.clone()),
+            labels: Some(labels),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".to_owned(),
+                kind: "Service".to_owned(),
+                name: self.key.name.clone(),
+                uid: self.service.metadata.uid.clone().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// The target port of `service_port` on `pod`; `None` when it is a name the Pod has no
+/// container port for.
+fn resolve_target_port(service_port: &ServicePort, pod: &Pod) -> Option<i32> {
+    match &service_port.target_port {
+        None | Some(IntOrString::Int(0)) => Some(service_port.port),
+        Some(IntOrString::Int(number)) => Some(*number),
+        Some(IntOrString::String(name)) if name.is_empty() => Some(service_port.port),
+        Some(IntOrString::String(name)) => named_container_port(pod, name, protocol_of(service_port)),
+    }
+}
+
+fn protocol_of(service_port: &ServicePort) -> &str {
+    service_port.protocol.as_deref().filter(|p| !p.is_empty()).unwrap_or("TCP")
+}
+
+fn endpoint_port(service_port: &ServicePort, number: i32) -> EndpointPort {
+    EndpointPort {
+        name: Some(service_port.name.clone().unwrap_or_default()),
+        protocol: Some(protocol_of(service_port).to_owned()),
+        port: Some(number),
+        app_protocol: service_port.app_protocol.clone(),
+    }
+}
+
+/// `name:protocol:port[:appProtocol]`, part of the slice name's hash input.
+fn port_identity(port: &EndpointPort) -> String {
+    let mut text = format!(
+        "{}:{}:{}",
+        port.name.as_deref().unwrap_or_default(),
+        port.protocol.as_deref().unwrap_or_default(),
+        port.port.unwrap_or_default()
+    );
+    if let Some(app_protocol) = &port.app_protocol {
+        text.push(':');
+        text.push_str(app_protocol);
+    }
+    text
+}
+
+fn family_slot(family: IpFamily) -> usize {
+    match family {
+        IpFamily::Ipv4 => 0,
+        IpFamily::Ipv6 => 1,
+    }
+}
+
+/// The number of the container port called `name` with `protocol`, in the Pod's containers
+/// or its sidecars (init containers with `restartPolicy: Always`).
+fn named_container_port(pod: &Pod, name: &str, protocol: &str) -> Option<i32> {
+    let spec = pod.spec.as_ref()?;
+    let sidecars = spec.init_containers.iter().flatten().filter(|c| c.restart_policy.as_deref() == Some("Always"));
+    spec.containers.iter().chain(sidecars).flat_map(|container: &Container| container.ports.iter().flatten()).find_map(
+        |port| {
+            let port_protocol = port.protocol.as_deref().filter(|p| !p.is_empty()).unwrap_or("TCP");
+            (port.name.as_deref() == Some(name) && port_protocol == protocol).then_some(port.container_port)
+        },
+    )
+}
+
+/// Not terminal, scheduled and with at least one IP.
+fn is_endpoint_candidate(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    let terminal = matches!(status.and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
+    let scheduled = pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()).is_some_and(|node| !node.is_empty());
+    !terminal && scheduled && pod_ips(pod).next().is_some()
+}
+
+/// `status.podIPs`, else `status.podIP`; strings that are not addresses are skipped.
+fn pod_ips(pod: &Pod) -> impl Iterator<Item = IpAddr> + '_ {
+    let status = pod.status.as_ref();
+    let listed = status.and_then(|s| s.pod_ips.as_deref()).filter(|ips| !ips.is_empty());
+    let single = if listed.is_none() { status.and_then(|s| s.pod_ip.as_deref()) } else { None };
+    listed.into_iter().flatten().map(|ip| ip.ip.as_str()).chain(single).filter_map(|text| text.parse().ok())
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn has_labels(pod: &Pod, selector: &BTreeMap<String, String>) -> bool {
+    let labels = pod.metadata.labels.as_ref();
+    selector.iter().all(|(key, value)| labels.and_then(|labels| labels.get(key)) == Some(value))
+}
+
+fn pod_name(endpoint: &Endpoint) -> &str {
+    endpoint.target_ref.as_ref().and_then(|r| r.name.as_deref()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests;
