@@ -1,1 +1,37 @@
-fn main() {}
+//! `svcplane`: one binary, subcommands. Wiring only: every decision lives in the crates.
+
+mod cli;
+mod lab;
+mod pipeline;
+mod proxy;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SVCPLANE_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Proxy(args) => proxy::run(&args),
+        Command::Render(args) => proxy::render(&args),
+        Command::Controller(args) => pipeline::print_controller_output(&args.source),
+        Command::Cleanup => proxy::cleanup(),
+        Command::Lab(args) => lab::run(&args),
+        Command::Echo(args) => lab::echo(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("svcplane: {error:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -131,6 +131,11 @@ impl ClusterState {
         std::mem::take(&mut self.pending)
     }
 
+    /// Whether anything changed since the last [`Self::take_changes`].
+    pub fn has_pending_changes(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// Marks everything as changed, for a full resync.
     pub fn mark_everything_changed(&mut self) {
         self.pending.everything = true;

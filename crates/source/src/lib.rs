@@ -1,1 +1,25 @@
-//! svcplane-source
+//! Where svcplane learns the cluster state: today a directory of Kubernetes manifests,
+//! later the Kubernetes API. This crate reads objects and turns them into the core's model.
+//!
+//! - [`manifests`] loads every `*.yaml`, `*.yml` and `*.json` file of a directory into
+//!   k8s-openapi objects ([`ClusterObjects`]), remembering which file each came from and
+//!   reporting every broken document without dropping the rest.
+//! - [`watch`] notices edits, additions and deletions in that directory and reloads.
+//! - [`convert`] validates Services, EndpointSlices and Nodes and converts them into
+//!   [`svcplane_core`] values; errors name the file, the object and the field.
+//! - [`diff`] turns successive full snapshots into the minimal [`svcplane_core::Change`]s.
+//!
+//! What it deliberately does not do: no ClusterIP / NodePort allocation and no EndpointSlice
+//! generation from Pods (that is the controller crate, which takes [`ClusterObjects`]), no
+//! Service policy decisions (the core), and nothing with the kernel (the backends). No async
+//! runtime either: the watcher is a polling thread.
+
+pub mod convert;
+pub mod diff;
+pub mod manifests;
+pub mod watch;
+
+pub use convert::{Converted, FieldError, Problem, convert_objects, node_to_core, service_to_core, slice_to_core};
+pub use diff::SnapshotDiffer;
+pub use manifests::{ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, Position, load_directory};
+pub use watch::{DEFAULT_POLL_INTERVAL, DirectoryWatcher};

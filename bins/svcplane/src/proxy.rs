@@ -1,0 +1,125 @@
+//! `svcplane proxy`, `render` and `cleanup`: the sync loop around the core and the
+//! nftables backend.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use svcplane_backend_nftables::{NftablesBackend, render_full};
+use svcplane_core::{IpFamily, NodeConfig, NodePlan, NodePortAddresses};
+use svcplane_nft::NftCli;
+use tracing::{info, warn};
+
+use crate::cli::ProxyArgs;
+use crate::pipeline::Pipeline;
+
+/// After a failed kernel transaction, wait this long before the (full) retry.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How often the loop wakes up to check for a stop signal or a due retry.
+const TICK: Duration = Duration::from_millis(100);
+
+pub fn node_config(args: &ProxyArgs) -> anyhow::Result<NodeConfig> {
+    let node_port_addresses = if args.nodeport_addresses.is_empty() {
+        NodePortAddresses::AllLocal
+    } else if args.nodeport_addresses.iter().any(|a| a == "primary") {
+        if args.nodeport_addresses.len() > 1 {
+            bail!("--nodeport-addresses: `primary` cannot be combined with CIDRs");
+        }
+        NodePortAddresses::Primary
+    } else {
+        let cidrs = args
+            .nodeport_addresses
+            .iter()
+            .map(|value| value.parse().with_context(|| format!("--nodeport-addresses: {value:?} is not a CIDR")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        NodePortAddresses::Cidrs(cidrs)
+    };
+    Ok(NodeConfig {
+        node_name: args.node_name.clone(),
+        node_ips: args.node_ips.clone(),
+        cluster_cidrs: args.cluster_cidrs.clone(),
+        node_port_addresses,
+    })
+}
+
+/// Programs the node and keeps it in sync until SIGTERM or SIGINT. The rules stay in place
+/// on exit, so traffic keeps flowing across a restart; `svcplane cleanup` removes them.
+pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing the signal handler")?;
+    }
+    let mut pipeline = Pipeline::new(&args.source)?;
+    let (loads, loaded) = mpsc::channel();
+    let watcher = pipeline.spawn_watcher(loads, Arc::clone(&stop))?;
+    let mut plan = NodePlan::new(node_config(args)?);
+    let mut backend = NftablesBackend::new(NftCli::new().with_program(args.nft_program.clone()));
+    let mut has_snapshot = false;
+    let mut retry_at: Option<Instant> = None;
+
+    while !stop.load(Ordering::Relaxed) {
+        match loaded.recv_timeout(TICK) {
+            Ok(snapshot) => {
+                // Several reloads may be queued; only the newest matters.
+                let newest = loaded.try_iter().last().unwrap_or(snapshot);
+                pipeline.ingest(newest);
+                has_snapshot = true;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        // Never program a partial view: wait for the first complete read of the source.
+        if !has_snapshot {
+            continue;
+        }
+        let retry_due = retry_at.is_some_and(|at| Instant::now() >= at);
+        if !pipeline.has_changes() && !retry_due {
+            continue;
+        }
+        let started = Instant::now();
+        let changes = pipeline.state.take_changes();
+        let changed = plan.update(&pipeline.state, &changes);
+        match backend.sync(&plan, &changed) {
+            Ok(report) => {
+                retry_at = None;
+                info!(
+                    full = report.full,
+                    service_ports = report.service_ports,
+                    operations = report.operations,
+                    elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                    "synced"
+                );
+            }
+            Err(error) => {
+                warn!("sync failed, the previous rules stay in place; retrying in {RETRY_AFTER:?}: {error:#}");
+                retry_at = Some(Instant::now() + RETRY_AFTER);
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = watcher.join();
+    info!("stopped; the rules stay in place (`svcplane cleanup` removes them)");
+    Ok(())
+}
+
+/// Prints the nft script `proxy` would apply from scratch.
+pub fn render(args: &ProxyArgs) -> anyhow::Result<()> {
+    let mut pipeline = Pipeline::new(&args.source)?;
+    pipeline.load_once();
+    let plan = NodePlan::build(&pipeline.state, node_config(args)?);
+    for transaction in render_full(&plan, &[IpFamily::V4, IpFamily::V6]) {
+        let script = svcplane_nft::render(&transaction).context("rendering the nft script")?;
+        print!("{script}");
+    }
+    Ok(())
+}
+
+/// Removes every table svcplane owns on this node.
+pub fn cleanup() -> anyhow::Result<()> {
+    let mut backend = NftablesBackend::new(NftCli::new());
+    let removed = backend.cleanup().context("deleting svcplane's nftables tables")?;
+    info!(removed, "cleanup done");
+    Ok(())
+}

@@ -1,0 +1,836 @@
+//! Validation and conversion of Kubernetes objects into the core's model.
+//!
+//! The core trusts what it is given, so everything it relies on is checked here: ports in
+//! range, protocols it knows, addresses that parse, timeouts within bounds. An object with
+//! problems is skipped whole (the rest keep working) and every problem is reported, naming
+//! the object and the field. Objects the proxy does not handle (ExternalName and headless
+//! Services, Services and slices that belong to another proxy, FQDN slices) are skipped
+//! silently, as kube-proxy does.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use svcplane_core::model::{
+    self, ClientIpAffinity, DEFAULT_AFFINITY_TIMEOUT, IpFamily, LoadBalancerIngress, NamespacedName, Protocol,
+    ServiceType, TrafficDistribution, TrafficPolicy,
+};
+use tracing::{debug, trace};
+
+use crate::manifests::{ClusterObjects, ObjectKind, ObjectRef, Origins, Position};
+
+/// A Service or EndpointSlice with this label belongs to another proxy.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// EndpointSlices of headless Services carry this label.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+/// The Service an EndpointSlice belongs to.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// A Node's zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// Longest `sessionAffinityConfig.clientIP.timeoutSeconds` Kubernetes accepts.
+const MAX_AFFINITY_TIMEOUT_SECONDS: i32 = 86_400;
+
+/// What is wrong with a field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    Required,
+    OutOfRange {
+        value: i64,
+        min: i64,
+        max: i64,
+    },
+    Unsupported {
+        value: String,
+    },
+    InvalidIp {
+        value: String,
+    },
+    InvalidCidr {
+        value: String,
+    },
+    Duplicate {
+        value: String,
+    },
+    WrongFamily {
+        value: String,
+        expected: IpFamily,
+    },
+    /// Anything else, said in words.
+    Invalid {
+        reason: String,
+    },
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::Required => f.write_str("required"),
+            Problem::OutOfRange { value, min, max } => write!(f, "must be between {min} and {max}, got {value}"),
+            Problem::Unsupported { value } => write!(f, "unsupported value {value:?}"),
+            Problem::InvalidIp { value } => write!(f, "invalid IP address {value:?}"),
+            Problem::InvalidCidr { value } => write!(f, "invalid CIDR {value:?}"),
+            Problem::Duplicate { value } => write!(f, "duplicate value {value:?}"),
+            Problem::WrongFamily { value, expected } => {
+                let family = match expected {
+                    IpFamily::V4 => "IPv4",
+                    IpFamily::V6 => "IPv6",
+                };
+                write!(f, "{value:?} is not an {family} address")
+            }
+            Problem::Invalid { reason } => f.write_str(reason),
+        }
+    }
+}
+
+/// One invalid field of one object: `<file>: <Kind> <ns>/<name>: <field>: <problem>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{object}: {field}: {problem}", origin_prefix(.origin.as_ref()))]
+pub struct FieldError {
+    /// Where in the manifests the object was defined, when it came from a file.
+    pub origin: Option<Position>,
+    pub object: ObjectRef,
+    /// The field path as Kubernetes spells it, e.g. `spec.ports[1].protocol`.
+    pub field: String,
+    pub problem: Problem,
+}
+
+fn origin_prefix(origin: Option<&Position>) -> String {
+    origin.map(|origin| format!("{origin}: ")).unwrap_or_default()
+}
+
+/// Collects the problems of one object.
+struct Checker {
+    object: ObjectRef,
+    errors: Vec<FieldError>,
+}
+
+impl Checker {
+    fn new(object: ObjectRef) -> Self {
+        Self { object, errors: Vec::new() }
+    }
+
+    fn report(&mut self, field: impl Into<String>, problem: Problem) {
+        self.errors.push(FieldError { origin: None, object: self.object.clone(), field: field.into(), problem });
+    }
+
+    /// A port number in 1..=65535.
+    fn port(&mut self, value: i32, field: impl FnOnce() -> String) -> Option<u16> {
+        match u16::try_from(value) {
+            Ok(port) if port != 0 => Some(port),
+            _ => {
+                self.report(field(), Problem::OutOfRange { value: value.into(), min: 1, max: 65_535 });
+                None
+            }
+        }
+    }
+
+    /// `TCP` when unset.
+    fn protocol(&mut self, value: Option<&str>, field: impl FnOnce() -> String) -> Option<Protocol> {
+        match value {
+            None | Some("") => Some(Protocol::Tcp),
+            Some(value) => Protocol::from_kubernetes(value).or_else(|| {
+                self.report(field(), Problem::Unsupported { value: value.to_owned() });
+                None
+            }),
+        }
+    }
+
+    fn ip(&mut self, value: &str, field: impl FnOnce() -> String) -> Option<IpAddr> {
+        parse_ip(value).or_else(|| {
+            self.report(field(), Problem::InvalidIp { value: value.to_owned() });
+            None
+        })
+    }
+
+    fn finish<T>(self, value: T) -> Result<Option<T>, Vec<FieldError>> {
+        if self.errors.is_empty() { Ok(Some(value)) } else { Err(self.errors) }
+    }
+}
+
+fn has_label(meta: &ObjectMeta, label: &str) -> bool {
+    meta.labels.as_ref().is_some_and(|labels| labels.contains_key(label))
+}
+
+fn namespaced_name(reference: &ObjectRef) -> NamespacedName {
+    NamespacedName::new(reference.namespace.clone(), reference.name.clone())
+}
+
+/// Parses an IP address, also accepting the IPv4 spelling with leading zeros
+/// (`010.000.000.001`, read as decimal) that old Kubernetes objects may still carry.
+pub fn parse_ip(text: &str) -> Option<IpAddr> {
+    if let Ok(ip) = text.parse() {
+        return Some(ip);
+    }
+    let mut octets = [0u8; 4];
+    let mut parts = text.split('.');
+    for octet in &mut octets {
+        let part = parts.next()?;
+        if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *octet = part.parse().ok()?;
+    }
+    parts.next().is_none().then(|| IpAddr::V4(Ipv4Addr::from(octets)))
+}
+
+/// Parses a CIDR, accepting host bits (`10.0.0.1/8` is `10.0.0.0/8`) and surrounding blanks
+/// as Kubernetes does.
+pub fn parse_cidr(text: &str) -> Option<IpNet> {
+    let (address, prefix) = text.trim().split_once('/')?;
+    if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    IpNet::new(parse_ip(address)?, prefix.parse().ok()?).ok().map(|net| net.trunc())
+}
+
+/// Converts a Service. `Ok(None)` for Services the proxy does not handle: ExternalName,
+/// headless, without a cluster IP yet, or labelled for another proxy.
+pub fn service_to_core(service: &Service) -> Result<Option<model::Service>, Vec<FieldError>> {
+    let meta = &service.metadata;
+    let reference = ObjectRef::from_meta(ObjectKind::Service, meta);
+    if has_label(meta, SERVICE_PROXY_NAME_LABEL) {
+        trace!(service = %reference, "skipped: belongs to another proxy");
+        return Ok(None);
+    }
+    let Some(spec) = service.spec.as_ref() else {
+        return Ok(None);
+    };
+    let mut check = Checker::new(reference);
+
+    let service_type = match spec.type_.as_deref() {
+        None | Some("" | "ClusterIP") => ServiceType::ClusterIp,
+        Some("NodePort") => ServiceType::NodePort,
+        Some("LoadBalancer") => ServiceType::LoadBalancer,
+        Some("ExternalName") => return Ok(None),
+        Some(other) => {
+            check.report("spec.type", Problem::Unsupported { value: other.to_owned() });
+            ServiceType::ClusterIp
+        }
+    };
+
+    let primary = spec.cluster_ip.as_deref().unwrap_or_default();
+    let listed = spec.cluster_ips.as_deref().unwrap_or_default();
+    if primary == "None" || listed.iter().any(|ip| ip == "None") {
+        return Ok(None);
+    }
+    if primary.is_empty() && listed.is_empty() {
+        // Not allocated yet (the controller does that in manifests mode).
+        return Ok(None);
+    }
+    let cluster_ips = cluster_ips(&mut check, primary, listed);
+
+    let ports = service_ports(&mut check, spec.ports.as_deref().unwrap_or_default(), service_type);
+
+    let mut external_ips = Vec::new();
+    for (i, ip) in spec.external_ips.iter().flatten().enumerate() {
+        external_ips.extend(check.ip(ip, || format!("spec.externalIPs[{i}]")));
+    }
+
+    let mut load_balancer_source_ranges = Vec::new();
+    for (i, range) in spec.load_balancer_source_ranges.iter().flatten().enumerate() {
+        match parse_cidr(range) {
+            Some(net) => load_balancer_source_ranges.push(net),
+            None => check
+                .report(format!("spec.loadBalancerSourceRanges[{i}]"), Problem::InvalidCidr { value: range.clone() }),
+        }
+    }
+
+    let session_affinity = match spec.session_affinity.as_deref() {
+        None | Some("" | "None") => None,
+        Some("ClientIP") => {
+            let timeout = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|config| config.client_ip.as_ref())
+                .and_then(|client_ip| client_ip.timeout_seconds);
+            match timeout {
+                None => Some(ClientIpAffinity { timeout: DEFAULT_AFFINITY_TIMEOUT }),
+                Some(seconds @ 1..=MAX_AFFINITY_TIMEOUT_SECONDS) => {
+                    Some(ClientIpAffinity { timeout: Duration::from_secs(seconds.unsigned_abs().into()) })
+                }
+                Some(seconds) => {
+                    check.report(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                        Problem::OutOfRange { value: seconds.into(), min: 1, max: MAX_AFFINITY_TIMEOUT_SECONDS.into() },
+                    );
+                    None
+                }
+            }
+        }
+        Some(other) => {
+            check.report("spec.sessionAffinity", Problem::Unsupported { value: other.to_owned() });
+            None
+        }
+    };
+
+    let external_traffic_policy = match spec.external_traffic_policy.as_deref() {
+        // `Global` is the name `Cluster` had before Kubernetes 1.24.
+        None | Some("" | "Cluster" | "Global") => TrafficPolicy::Cluster,
+        Some("Local") => TrafficPolicy::Local,
+        Some(other) => {
+            check.report("spec.externalTrafficPolicy", Problem::Unsupported { value: other.to_owned() });
+            TrafficPolicy::Cluster
+        }
+    };
+    let internal_traffic_policy = match spec.internal_traffic_policy.as_deref() {
+        None | Some("" | "Cluster") => TrafficPolicy::Cluster,
+        Some("Local") => TrafficPolicy::Local,
+        Some(other) => {
+            check.report("spec.internalTrafficPolicy", Problem::Unsupported { value: other.to_owned() });
+            TrafficPolicy::Cluster
+        }
+    };
+    let traffic_distribution = match spec.traffic_distribution.as_deref() {
+        None => None,
+        Some("PreferClose" | "PreferSameZone") => Some(TrafficDistribution::PreferSameZone),
+        Some("PreferSameNode") => Some(TrafficDistribution::PreferSameNode),
+        Some(other) => {
+            // Unknown values are ignored, as kube-proxy does, so newer values degrade softly.
+            debug!(service = %check.object, value = other, "ignoring unknown spec.trafficDistribution");
+            None
+        }
+    };
+
+    let health_check_node_port = match spec.health_check_node_port {
+        None | Some(0) => None,
+        Some(value) => check.port(value, || "spec.healthCheckNodePort".to_owned()),
+    }
+    // Only a Local LoadBalancer Service has its health checked by node.
+    .filter(|_| service_type == ServiceType::LoadBalancer && external_traffic_policy == TrafficPolicy::Local);
+
+    let mut load_balancer_ingress = Vec::new();
+    // A Service that is no longer a LoadBalancer keeps no load-balancer addresses, whatever
+    // its status still says.
+    if service_type == ServiceType::LoadBalancer {
+        let ingresses =
+            service.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+        for (i, ingress) in ingresses.into_iter().flatten().enumerate() {
+            // Hostname-only ingresses are for DNS, not for the proxy.
+            let Some(ip) = ingress.ip.as_deref().filter(|ip| !ip.is_empty()) else {
+                continue;
+            };
+            let ip = check.ip(ip, || format!("status.loadBalancer.ingress[{i}].ip"));
+            let is_proxy_mode = match ingress.ip_mode.as_deref() {
+                None | Some("" | "VIP") => false,
+                Some("Proxy") => true,
+                Some(other) => {
+                    check.report(
+                        format!("status.loadBalancer.ingress[{i}].ipMode"),
+                        Problem::Unsupported { value: other.to_owned() },
+                    );
+                    false
+                }
+            };
+            load_balancer_ingress.extend(ip.map(|ip| LoadBalancerIngress { ip, is_proxy_mode }));
+        }
+    }
+
+    let name = namespaced_name(&check.object);
+    check.finish(model::Service {
+        name,
+        service_type,
+        cluster_ips,
+        ports,
+        external_ips,
+        load_balancer_ingress,
+        load_balancer_source_ranges,
+        session_affinity,
+        external_traffic_policy,
+        internal_traffic_policy,
+        health_check_node_port,
+        traffic_distribution,
+    })
+}
+
+/// `spec.clusterIPs` when set (primary first, at most one per family), else `spec.clusterIP`.
+fn cluster_ips(check: &mut Checker, primary: &str, listed: &[String]) -> Vec<IpAddr> {
+    if listed.is_empty() {
+        return check.ip(primary, || "spec.clusterIP".to_owned()).into_iter().collect();
+    }
+    let mut ips = Vec::with_capacity(listed.len());
+    for (i, ip) in listed.iter().enumerate() {
+        ips.extend(check.ip(ip, || format!("spec.clusterIPs[{i}]")));
+    }
+    if listed.len() > 2 {
+        check
+            .report("spec.clusterIPs", Problem::Invalid { reason: "at most two addresses, one per family".to_owned() });
+    } else if let [first, second] = ips[..]
+        && IpFamily::of(&first) == IpFamily::of(&second)
+    {
+        check.report(
+            "spec.clusterIPs[1]",
+            Problem::Invalid { reason: "must be of the other IP family than spec.clusterIPs[0]".to_owned() },
+        );
+    }
+    if !primary.is_empty()
+        && let (Some(primary_ip), Some(first)) = (parse_ip(primary), parse_ip(&listed[0]))
+        && primary_ip != first
+    {
+        check.report(
+            "spec.clusterIPs[0]",
+            Problem::Invalid { reason: format!("must equal spec.clusterIP {primary:?}") },
+        );
+    }
+    ips
+}
+
+fn service_ports(
+    check: &mut Checker,
+    ports: &[k8s_openapi::api::core::v1::ServicePort],
+    service_type: ServiceType,
+) -> Vec<model::ServicePort> {
+    let mut converted: Vec<model::ServicePort> = Vec::with_capacity(ports.len());
+    for (i, port) in ports.iter().enumerate() {
+        let number = check.port(port.port, || format!("spec.ports[{i}].port"));
+        let protocol = check.protocol(port.protocol.as_deref(), || format!("spec.ports[{i}].protocol"));
+        let node_port = match port.node_port {
+            // 0 means "not set" (allocated later) in the Kubernetes API.
+            None | Some(0) => None,
+            Some(value) => check.port(value, || format!("spec.ports[{i}].nodePort")),
+        };
+        if node_port.is_some() && service_type == ServiceType::ClusterIp {
+            check.report(
+                format!("spec.ports[{i}].nodePort"),
+                Problem::Invalid { reason: "may not be set when spec.type is ClusterIP".to_owned() },
+            );
+        }
+        let name = port.name.as_deref().unwrap_or_default();
+        // Ports are told apart by name, so with more than one each needs its own.
+        if ports.len() > 1 && name.is_empty() {
+            check.report(format!("spec.ports[{i}].name"), Problem::Required);
+        } else if converted.iter().any(|p| p.name == name) {
+            check.report(format!("spec.ports[{i}].name"), Problem::Duplicate { value: name.to_owned() });
+        }
+        let (Some(protocol), Some(number)) = (protocol, number) else {
+            continue;
+        };
+        if converted.iter().any(|p| p.port == number && p.protocol == protocol) {
+            check.report(
+                format!("spec.ports[{i}]"),
+                Problem::Duplicate { value: format!("{number}/{}", protocol.as_str().to_uppercase()) },
+            );
+        }
+        if let Some(node_port) = node_port
+            && converted.iter().any(|p| p.node_port == Some(node_port) && p.protocol == protocol)
+        {
+            check.report(
+                format!("spec.ports[{i}].nodePort"),
+                Problem::Duplicate { value: format!("{node_port}/{}", protocol.as_str().to_uppercase()) },
+            );
+        }
+        converted.push(model::ServicePort { name: name.to_owned(), protocol, port: number, node_port });
+    }
+    converted
+}
+
+/// Converts an EndpointSlice. `Ok(None)` for slices the proxy does not use: FQDN slices,
+/// slices without a Service, and slices of headless Services or of another proxy.
+pub fn slice_to_core(slice: &EndpointSlice) -> Result<Option<model::EndpointSlice>, Vec<FieldError>> {
+    let meta = &slice.metadata;
+    let reference = ObjectRef::from_meta(ObjectKind::EndpointSlice, meta);
+    let labels = meta.labels.as_ref();
+    let Some(service_name) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)).filter(|name| !name.is_empty()) else {
+        trace!(slice = %reference, "skipped: no {SERVICE_NAME_LABEL} label");
+        return Ok(None);
+    };
+    if has_label(meta, HEADLESS_LABEL) || has_label(meta, SERVICE_PROXY_NAME_LABEL) {
+        trace!(slice = %reference, "skipped: headless or belongs to another proxy");
+        return Ok(None);
+    }
+    let mut check = Checker::new(reference);
+    let family = match slice.address_type.as_str() {
+        "IPv4" => IpFamily::V4,
+        "IPv6" => IpFamily::V6,
+        "FQDN" => return Ok(None),
+        other => {
+            check.report("addressType", Problem::Unsupported { value: other.to_owned() });
+            return Err(check.errors);
+        }
+    };
+
+    let mut endpoints = Vec::with_capacity(slice.endpoints.len());
+    for (i, endpoint) in slice.endpoints.iter().enumerate() {
+        // kube-proxy uses the first address only.
+        let Some(address) = endpoint.addresses.first() else {
+            check.report(format!("endpoints[{i}].addresses"), Problem::Required);
+            continue;
+        };
+        let Some(ip) = check.ip(address, || format!("endpoints[{i}].addresses[0]")) else {
+            continue;
+        };
+        if IpFamily::of(&ip) != family {
+            check.report(
+                format!("endpoints[{i}].addresses[0]"),
+                Problem::WrongFamily { value: address.clone(), expected: family },
+            );
+            continue;
+        }
+        let conditions = endpoint.conditions.as_ref();
+        let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+        let hints = endpoint.hints.as_ref();
+        endpoints.push(model::Endpoint {
+            address: ip,
+            ready,
+            serving: conditions.and_then(|c| c.serving).unwrap_or(ready),
+            terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
+            node_name: endpoint.node_name.clone().filter(|n| !n.is_empty()),
+            zone: endpoint.zone.clone().filter(|z| !z.is_empty()),
+            zone_hints: hints
+                .and_then(|h| h.for_zones.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|z| z.name.clone())
+                .collect(),
+            node_hints: hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|n| n.name.clone())
+                .collect(),
+        });
+    }
+
+    let mut ports = Vec::new();
+    for (i, port) in slice.ports.iter().flatten().enumerate() {
+        // A port without a number cannot be used (Kubernetes means "all ports"; the proxy
+        // has nothing to forward to).
+        let Some(value) = port.port else {
+            debug!(slice = %check.object, index = i, "ignoring an EndpointSlice port without a number");
+            continue;
+        };
+        let number = check.port(value, || format!("ports[{i}].port"));
+        let protocol = check.protocol(port.protocol.as_deref(), || format!("ports[{i}].protocol"));
+        if let (Some(port_number), Some(protocol)) = (number, protocol) {
+            ports.push(model::EndpointPort {
+                name: port.name.clone().unwrap_or_default(),
+                protocol,
+                port: port_number,
+            });
+        }
+    }
+
+    let name = namespaced_name(&check.object);
+    let service = NamespacedName::new(name.namespace.clone(), service_name.clone());
+    check.finish(model::EndpointSlice { name, service, family, ports, endpoints })
+}
+
+/// Converts a Node: its `InternalIP` then `ExternalIP` addresses (unparsable ones are
+/// skipped) and its `topology.kubernetes.io/zone`.
+pub fn node_to_core(node: &Node) -> model::Node {
+    let meta = &node.metadata;
+    let mut addresses: Vec<IpAddr> = Vec::new();
+    let listed = node.status.as_ref().and_then(|s| s.addresses.as_ref()).map(Vec::as_slice).unwrap_or_default();
+    for wanted in ["InternalIP", "ExternalIP"] {
+        for address in listed.iter().filter(|a| a.type_ == wanted) {
+            match parse_ip(&address.address) {
+                Some(ip) if !addresses.contains(&ip) => addresses.push(ip),
+                Some(_) => {}
+                None => {
+                    debug!(node = meta.name.as_deref().unwrap_or_default(), address = %address.address, "ignoring an unparsable node address")
+                }
+            }
+        }
+    }
+    model::Node {
+        name: meta.name.clone().unwrap_or_default(),
+        addresses,
+        zone: meta.labels.as_ref().and_then(|l| l.get(ZONE_LABEL)).filter(|z| !z.is_empty()).cloned(),
+    }
+}
+
+/// Everything of a snapshot the core uses, converted, with the problems found.
+#[derive(Debug, Clone, Default)]
+pub struct Converted {
+    pub services: Vec<model::Service>,
+    pub slices: Vec<model::EndpointSlice>,
+    pub nodes: Vec<model::Node>,
+    /// Each error names where its object was defined, when `origins` knows it.
+    pub errors: Vec<FieldError>,
+}
+
+/// Converts the Services, EndpointSlices and Nodes of a snapshot (Pods are the controller's
+/// business). Invalid objects are left out and reported; skipped ones are left out.
+pub fn convert_objects(objects: &ClusterObjects, origins: &Origins) -> Converted {
+    let mut converted = Converted {
+        services: Vec::with_capacity(objects.services.len()),
+        slices: Vec::with_capacity(objects.slices.len()),
+        nodes: Vec::with_capacity(objects.nodes.len()),
+        errors: Vec::new(),
+    };
+    let mut report = |mut errors: Vec<FieldError>| {
+        let origin = errors.first().and_then(|e| origins.position_of(&e.object)).cloned();
+        for error in &mut errors {
+            error.origin.clone_from(&origin);
+        }
+        converted.errors.extend(errors);
+    };
+    let mut services = Vec::with_capacity(objects.services.len());
+    for service in &objects.services {
+        match service_to_core(service) {
+            Ok(found) => services.extend(found),
+            Err(errors) => report(errors),
+        }
+    }
+    let mut slices = Vec::with_capacity(objects.slices.len());
+    for slice in &objects.slices {
+        match slice_to_core(slice) {
+            Ok(found) => slices.extend(found),
+            Err(errors) => report(errors),
+        }
+    }
+    converted.services = services;
+    converted.slices = slices;
+    converted.nodes = objects.nodes.iter().map(node_to_core).collect();
+    converted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    fn service(value: serde_json::Value) -> Service {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn slice(value: serde_json::Value) -> EndpointSlice {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn web(spec: serde_json::Value) -> Service {
+        service(json!({"metadata": {"name": "web", "namespace": "shop"}, "spec": spec}))
+    }
+
+    fn problems(result: Result<Option<model::Service>, Vec<FieldError>>) -> Vec<String> {
+        result.unwrap_err().iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn a_service_with_port_70000_is_an_error_naming_the_port_and_a_valid_one_beside_it_converts() {
+        let bad = web(json!({"clusterIP": "198.19.0.10", "ports": [{"port": 70000}]}));
+        let good = service(json!({"metadata": {"name": "api", "namespace": "shop"},
+            "spec": {"clusterIP": "198.19.0.11", "ports": [{"port": 443}]}}));
+        let objects = ClusterObjects { services: vec![bad, good], ..ClusterObjects::default() };
+        let mut origins = Origins::new();
+        let file: Arc<Path> = Arc::from(Path::new("manifests/web.yaml"));
+        let position = Position { line: Some(12), document: Some(2), ..Position::file(&file) };
+        origins.insert(ObjectRef::new(ObjectKind::Service, "shop", "web"), position);
+        let converted = convert_objects(&objects, &origins);
+        let errors: Vec<String> = converted.errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            errors,
+            [
+                "manifests/web.yaml:12 (document 2): Service shop/web: spec.ports[0].port: must be between 1 and 65535, got 70000"
+            ]
+        );
+        assert_eq!(converted.errors[0].field, "spec.ports[0].port");
+        let names: Vec<String> = converted.services.iter().map(|s| s.name.to_string()).collect();
+        assert_eq!(names, ["shop/api"]);
+        assert_eq!(converted.services[0].ports[0].protocol, Protocol::Tcp);
+    }
+
+    #[test]
+    fn an_unknown_protocol_is_an_error() {
+        let svc = web(json!({"clusterIP": "198.19.0.10", "ports": [
+            {"name": "a", "port": 80}, {"name": "b", "port": 81, "protocol": "ICMP"}]}));
+        assert_eq!(
+            problems(service_to_core(&svc)),
+            [r#"Service shop/web: spec.ports[1].protocol: unsupported value "ICMP""#]
+        );
+    }
+
+    #[test]
+    fn every_problem_of_a_service_is_reported() {
+        let svc = web(json!({
+            "type": "NodePort",
+            "clusterIPs": ["198.19.0.10", "bogus"],
+            "ports": [{"port": 80, "nodePort": 70000}, {"name": "x", "port": 81}],
+            "externalIPs": ["1.2.3"],
+            "loadBalancerSourceRanges": ["10.0.0.0/33"],
+            "sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 86401}},
+            "externalTrafficPolicy": "Nearby",
+            "internalTrafficPolicy": "Somewhere",
+        }));
+        let fields: Vec<String> = service_to_core(&svc).unwrap_err().into_iter().map(|e| e.field).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.clusterIPs[1]",
+                "spec.ports[0].nodePort",
+                "spec.ports[0].name",
+                "spec.externalIPs[0]",
+                "spec.loadBalancerSourceRanges[0]",
+                "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                "spec.externalTrafficPolicy",
+                "spec.internalTrafficPolicy",
+            ]
+        );
+    }
+
+    #[test]
+    fn headless_external_name_unallocated_and_other_proxies_services_are_skipped() {
+        let headless = web(json!({"clusterIP": "None", "ports": [{"port": 80}]}));
+        let external_name = web(json!({"type": "ExternalName", "externalName": "example.com"}));
+        let unallocated = web(json!({"ports": [{"port": 80}]}));
+        let other_proxy = service(json!({
+            "metadata": {"name": "web", "labels": {SERVICE_PROXY_NAME_LABEL: "elsewhere"}},
+            "spec": {"clusterIP": "198.19.0.10", "ports": [{"port": 80}]}}));
+        for svc in [headless, external_name, unallocated, other_proxy] {
+            assert_eq!(service_to_core(&svc), Ok(None), "{svc:?}");
+        }
+    }
+
+    #[test]
+    fn a_load_balancer_ingress_with_ip_mode_proxy_is_flagged() {
+        let svc = service(json!({
+            "metadata": {"name": "web"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "198.19.0.10",
+                     "ports": [{"port": 80, "nodePort": 30080}],
+                     "externalTrafficPolicy": "Local", "healthCheckNodePort": 31000},
+            "status": {"loadBalancer": {"ingress": [
+                {"ip": "203.0.113.1"}, {"ip": "203.0.113.2", "ipMode": "Proxy"}, {"hostname": "lb.example"}]}}}));
+        let converted = service_to_core(&svc).unwrap().unwrap();
+        assert_eq!(
+            converted.load_balancer_ingress,
+            [
+                LoadBalancerIngress { ip: "203.0.113.1".parse().unwrap(), is_proxy_mode: false },
+                LoadBalancerIngress { ip: "203.0.113.2".parse().unwrap(), is_proxy_mode: true },
+            ]
+        );
+        assert_eq!(converted.health_check_node_port, Some(31000));
+        assert_eq!(converted.external_traffic_policy, TrafficPolicy::Local);
+        assert_eq!(converted.name, NamespacedName::new("default", "web"));
+    }
+
+    #[test]
+    fn kubernetes_defaults_and_legacy_spellings_are_understood() {
+        let svc = web(json!({
+            "clusterIP": "010.096.000.001",
+            "clusterIPs": ["10.96.0.1", "fd00::1"],
+            "ports": [{"port": 53, "protocol": "UDP"}],
+            "loadBalancerSourceRanges": [" 10.0.0.1/8 "],
+            "sessionAffinity": "ClientIP",
+            "externalTrafficPolicy": "Global",
+            "trafficDistribution": "PreferClose",
+            "healthCheckNodePort": 31000,
+        }));
+        let converted = service_to_core(&svc).unwrap().unwrap();
+        assert_eq!(converted.cluster_ips, ["10.96.0.1".parse::<IpAddr>().unwrap(), "fd00::1".parse().unwrap()]);
+        assert_eq!(converted.load_balancer_source_ranges, ["10.0.0.0/8".parse::<IpNet>().unwrap()]);
+        assert_eq!(converted.session_affinity, Some(ClientIpAffinity { timeout: DEFAULT_AFFINITY_TIMEOUT }));
+        assert_eq!(converted.external_traffic_policy, TrafficPolicy::Cluster);
+        assert_eq!(converted.traffic_distribution, Some(TrafficDistribution::PreferSameZone));
+        assert_eq!(converted.health_check_node_port, None, "only a Local LoadBalancer keeps it");
+        let unknown = web(json!({"clusterIP": "10.96.0.1", "trafficDistribution": "PreferSomewhereNice"}));
+        assert_eq!(service_to_core(&unknown).unwrap().unwrap().traffic_distribution, None);
+    }
+
+    #[test]
+    fn slice_endpoints_take_their_first_address_and_default_conditions() {
+        let converted = slice_to_core(&slice(json!({
+            "metadata": {"name": "web-abc", "namespace": "shop", "labels": {SERVICE_NAME_LABEL: "web"}},
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["198.18.0.2", "198.18.0.99"], "nodeName": "node-1", "zone": "a",
+                 "hints": {"forZones": [{"name": "a"}], "forNodes": [{"name": "node-1"}]}},
+                {"addresses": ["198.18.0.3"], "conditions": {"ready": false, "terminating": true}},
+                {"addresses": ["198.18.0.4"], "conditions": {"ready": false, "serving": true, "terminating": true}},
+            ],
+            "ports": [{"name": "http", "port": 8080}, {"name": "all"}, {"port": 53, "protocol": "UDP"}],
+        })))
+        .unwrap()
+        .unwrap();
+        assert_eq!(converted.service, NamespacedName::new("shop", "web"));
+        assert_eq!(converted.family, IpFamily::V4);
+        let e = &converted.endpoints;
+        assert_eq!(e[0].address, "198.18.0.2".parse::<IpAddr>().unwrap());
+        assert_eq!((e[0].ready, e[0].serving, e[0].terminating), (true, true, false));
+        assert_eq!(
+            (e[0].zone_hints.clone(), e[0].node_hints.clone()),
+            (vec!["a".to_owned()], vec!["node-1".to_owned()])
+        );
+        assert_eq!((e[1].ready, e[1].serving, e[1].terminating), (false, false, true));
+        assert_eq!((e[2].ready, e[2].serving, e[2].terminating), (false, true, true));
+        assert_eq!(
+            converted.ports,
+            [
+                model::EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 },
+                model::EndpointPort { name: String::new(), protocol: Protocol::Udp, port: 53 },
+            ]
+        );
+    }
+
+    #[test]
+    fn fqdn_unowned_headless_and_other_proxies_slices_are_skipped() {
+        let labelled = |labels: serde_json::Value, address_type: &str| {
+            slice(json!({"metadata": {"name": "s", "labels": labels}, "addressType": address_type, "endpoints": []}))
+        };
+        let cases = [
+            labelled(json!({SERVICE_NAME_LABEL: "web"}), "FQDN"),
+            labelled(json!({}), "IPv4"),
+            labelled(json!({SERVICE_NAME_LABEL: "web", HEADLESS_LABEL: ""}), "IPv4"),
+            labelled(json!({SERVICE_NAME_LABEL: "web", SERVICE_PROXY_NAME_LABEL: "x"}), "IPv4"),
+        ];
+        for case in cases {
+            assert_eq!(slice_to_core(&case), Ok(None), "{case:?}");
+        }
+    }
+
+    #[test]
+    fn a_slice_address_of_the_wrong_family_is_an_error() {
+        let errors = slice_to_core(&slice(json!({
+            "metadata": {"name": "s", "namespace": "shop", "labels": {SERVICE_NAME_LABEL: "web"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["fd00::1"]}, {"addresses": []}],
+            "ports": [{"port": 0}],
+        })))
+        .unwrap_err();
+        let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            messages,
+            [
+                r#"EndpointSlice shop/s: endpoints[0].addresses[0]: "fd00::1" is not an IPv4 address"#,
+                "EndpointSlice shop/s: endpoints[1].addresses: required",
+                "EndpointSlice shop/s: ports[0].port: must be between 1 and 65535, got 0",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_node_has_its_internal_then_external_addresses_and_its_zone() {
+        let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "node-1", "labels": {ZONE_LABEL: "zone-a"}},
+        "status": {"addresses": [
+            {"type": "Hostname", "address": "node-1"},
+            {"type": "ExternalIP", "address": "203.0.113.7"},
+            {"type": "InternalIP", "address": "10.0.0.7"},
+            {"type": "InternalIP", "address": "fd00::7"},
+            {"type": "ExternalIP", "address": "10.0.0.7"},
+        ]}}))
+        .unwrap();
+        let converted = node_to_core(&node);
+        let addresses: Vec<String> = converted.addresses.iter().map(ToString::to_string).collect();
+        assert_eq!(addresses, ["10.0.0.7", "fd00::7", "203.0.113.7"]);
+        assert_eq!(converted.zone.as_deref(), Some("zone-a"));
+        assert_eq!(converted.name, "node-1");
+    }
+
+    #[test]
+    fn cidrs_and_ips_parse_as_kubernetes_reads_them() {
+        assert_eq!(parse_cidr("10.0.0.1/8"), Some("10.0.0.0/8".parse().unwrap()));
+        assert_eq!(parse_cidr("fd00::1/64"), Some("fd00::/64".parse().unwrap()));
+        assert_eq!(parse_cidr("10.0.0.0"), None);
+        assert_eq!(parse_cidr("10.0.0.0/+8"), None);
+        assert_eq!(parse_ip("010.000.000.001"), Some("10.0.0.1".parse().unwrap()));
+        assert_eq!(parse_ip("1.2.3"), None);
+        assert_eq!(parse_ip("256.0.0.1"), None);
+    }
+}

@@ -1,0 +1,119 @@
+//! Named network namespaces (`/var/run/netns/<name>`, as `ip netns` makes them): entering one
+//! from a thread, finding the processes inside, deleting them.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::thread;
+
+use nix::sched::{CloneFlags, setns};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// Where `ip netns` keeps its named namespaces.
+pub const NETNS_RUN_DIR: &str = "/var/run/netns";
+
+/// A named network namespace could not be entered.
+#[derive(Debug, thiserror::Error)]
+pub enum NamespaceError {
+    /// `/var/run/netns/<name>` could not be opened (no such namespace?).
+    #[error("opening network namespace {namespace:?}: {source}")]
+    Open {
+        namespace: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `setns(2)` failed.
+    #[error("entering network namespace {namespace:?}: {source}")]
+    Enter {
+        namespace: String,
+        #[source]
+        source: nix::errno::Errno,
+    },
+}
+
+/// The path of a named namespace.
+pub fn namespace_path(namespace: &str) -> PathBuf {
+    PathBuf::from(NETNS_RUN_DIR).join(namespace)
+}
+
+/// Runs `work` on a new thread that first joins the network namespace `namespace`, and
+/// returns its result. Sockets made by `work` belong to that namespace for their whole life,
+/// whichever thread uses them later. The calling thread never changes namespace.
+///
+/// A panic inside `work` is resumed on the calling thread.
+pub fn run_in_namespace<T, F>(namespace: &str, work: F) -> Result<T, NamespaceError>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    let file = File::open(namespace_path(namespace))
+        .map_err(|source| NamespaceError::Open { namespace: namespace.to_owned(), source })?;
+    thread::scope(|scope| {
+        let worker = thread::Builder::new()
+            .name(format!("netns-{namespace}"))
+            .spawn_scoped(scope, move || {
+                setns(&file, CloneFlags::CLONE_NEWNET)
+                    .map_err(|source| NamespaceError::Enter { namespace: namespace.to_owned(), source })?;
+                drop(file);
+                Ok(work())
+            })
+            .expect("spawning a thread to enter a network namespace");
+        match worker.join() {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
+/// The names of all named network namespaces.
+pub fn list_namespaces() -> Vec<String> {
+    let Ok(entries) = fs::read_dir(NETNS_RUN_DIR) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> =
+        entries.filter_map(Result::ok).filter_map(|entry| entry.file_name().into_string().ok()).collect();
+    names.sort();
+    names
+}
+
+/// Sends SIGKILL to every process whose network namespace is one of `namespaces` (never to
+/// this process itself). Returns the pids signalled.
+pub fn kill_processes_in(namespaces: &[String]) -> Vec<i32> {
+    // A namespace is identified by the device and inode of its nsfs file.
+    let mut wanted: HashMap<(u64, u64), &str> = HashMap::new();
+    for name in namespaces {
+        if let Ok(meta) = fs::metadata(namespace_path(name)) {
+            wanted.insert((meta.dev(), meta.ino()), name);
+        }
+    }
+    if wanted.is_empty() {
+        return Vec::new();
+    }
+    let own = std::process::id();
+    let mut killed = Vec::new();
+    let Ok(proc_entries) = fs::read_dir("/proc") else {
+        return killed;
+    };
+    for entry in proc_entries.filter_map(Result::ok) {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == own {
+            continue;
+        }
+        let Ok(meta) = fs::metadata(entry.path().join("ns/net")) else {
+            continue;
+        };
+        if wanted.contains_key(&(meta.dev(), meta.ino())) {
+            let Ok(raw) = i32::try_from(pid) else {
+                continue;
+            };
+            if kill(Pid::from_raw(raw), Signal::SIGKILL).is_ok() {
+                killed.push(raw);
+            }
+        }
+    }
+    killed
+}
