@@ -8,7 +8,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use ipnet::IpNet;
 
 #[derive(Debug, Parser)]
-#[command(name = "svcplane", version, about = "The Kubernetes Service dataplane: node proxy, EndpointSlice controller and cluster DNS")]
+#[command(
+    name = "svcplane",
+    version,
+    about = "The Kubernetes Service dataplane: node proxy, EndpointSlice controller and cluster DNS"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -33,10 +33,8 @@ pub struct Pipeline {
 
 impl Pipeline {
     pub fn new(args: &SourceArgs) -> anyhow::Result<Self> {
-        let node_port_range: NodePortRange = args
-            .node_port_range
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--node-port-range: {e}"))?;
+        let node_port_range: NodePortRange =
+            args.node_port_range.parse().map_err(|e| anyhow::anyhow!("--node-port-range: {e}"))?;
         let config = AllocatorConfig { service_cidrs: args.service_cidrs.clone(), node_port_range };
         let mut allocator = Allocator::new(config).map_err(|e| anyhow::anyhow!("--service-cidr: {e}"))?;
         if let Some(file) = &args.allocations_file
@@ -80,13 +78,7 @@ impl Pipeline {
     pub fn ingest(&mut self, loaded: Loaded) {
         let Loaded { objects, origins, errors } = loaded;
         let mut problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        let input = svcplane_controller::ClusterObjects {
-            services: objects.services,
-            pods: objects.pods,
-            nodes: objects.nodes,
-            slices: objects.slices,
-        };
-        let reconciled = svcplane_controller::reconcile(&input, &mut self.allocator);
+        let reconciled = svcplane_controller::reconcile(&objects, &mut self.allocator);
         for error in &reconciled.errors {
             let object = ObjectRef::new(ObjectKind::Service, &error.service().namespace, &error.service().name);
             match origins.file_of(&object) {
@@ -101,7 +93,7 @@ impl Pipeline {
             &svcplane_source::ClusterObjects {
                 services: reconciled.services,
                 pods: Vec::new(),
-                nodes: input.nodes,
+                nodes: objects.nodes,
                 slices: reconciled.slices,
             },
             &origins,
@@ -142,13 +134,7 @@ pub fn print_controller_output(args: &SourceArgs) -> anyhow::Result<()> {
     for error in &loaded.errors {
         warn!("{error}");
     }
-    let input = svcplane_controller::ClusterObjects {
-        services: loaded.objects.services,
-        pods: loaded.objects.pods,
-        nodes: loaded.objects.nodes,
-        slices: loaded.objects.slices,
-    };
-    let reconciled = svcplane_controller::reconcile(&input, &mut pipeline.allocator);
+    let reconciled = svcplane_controller::reconcile(&loaded.objects, &mut pipeline.allocator);
     for error in &reconciled.errors {
         warn!("{error}");
     }

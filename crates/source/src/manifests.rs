@@ -135,25 +135,9 @@ impl fmt::Display for ObjectRef {
     }
 }
 
-/// The objects of a cluster that svcplane cares about, as Kubernetes spells them.
-#[derive(Debug, Clone, Default)]
-pub struct ClusterObjects {
-    pub services: Vec<Service>,
-    pub pods: Vec<Pod>,
-    pub nodes: Vec<Node>,
-    pub slices: Vec<EndpointSlice>,
-}
-
-impl ClusterObjects {
-    /// How many objects of all kinds.
-    pub fn len(&self) -> usize {
-        self.services.len() + self.pods.len() + self.nodes.len() + self.slices.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+/// The objects of a cluster that svcplane cares about, as Kubernetes spells them: the
+/// controller's input type, so a load feeds it without conversion.
+pub use svcplane_controller::ClusterObjects;
 
 /// Where each loaded object was defined (file, line, document), so later errors can say.
 #[derive(Debug, Clone, Default)]
@@ -1183,7 +1167,13 @@ spec:
         let loaded = load_directory(&dir.0);
         assert_eq!(messages(&loaded), Vec::<String>::new());
         assert_eq!(names(&loaded.objects.services, |o| &o.metadata), ["web"]);
-        assert_eq!(loaded.objects.len(), 1);
+        assert_eq!(
+            loaded.objects.services.len()
+                + loaded.objects.pods.len()
+                + loaded.objects.nodes.len()
+                + loaded.objects.slices.len(),
+            1
+        );
     }
 
     #[test]
@@ -1228,7 +1218,12 @@ spec:
         let dir = TempDir::new("missing");
         let missing = dir.0.join("nope");
         let loaded = load_directory(&missing);
-        assert!(loaded.objects.is_empty());
+        assert!(
+            loaded.objects.services.is_empty()
+                && loaded.objects.pods.is_empty()
+                && loaded.objects.nodes.is_empty()
+                && loaded.objects.slices.is_empty()
+        );
         assert_eq!(loaded.errors.len(), 1);
         assert!(loaded.errors[0].to_string().starts_with(&format!("{}: cannot list directory: ", missing.display())));
     }
