@@ -223,3 +223,141 @@ impl Harness<Flaky> {
         self.backend.nftables_mut().fail_next = true;
     }
 }
+
+mod traced_packets {
+    use std::collections::BTreeSet;
+
+    use svcplane_nft::Family;
+    use svcplane_nft::trace::{Disposition, Host, Origin, Outcome, Packet, trace};
+
+    use super::*;
+
+    const NODE: &str = "198.18.0.11";
+
+    fn programmed(changes: Vec<Change>) -> FakeNftables {
+        let mut h = Harness::new(FakeNftables::new());
+        h.apply(changes).unwrap();
+        h.backend.nftables().clone()
+    }
+
+    fn tcp(source: &str, destination: &str, port: u16) -> Packet {
+        Packet {
+            source: source.parse().unwrap(),
+            destination: destination.parse().unwrap(),
+            protocol: 6,
+            source_port: 40000,
+            destination_port: port,
+            mark: 0,
+        }
+    }
+
+    fn host() -> Host {
+        Host { local_addresses: vec![NODE.parse().unwrap()] }
+    }
+
+    fn outcomes(nft: &FakeNftables, origin: Origin, packet: Packet) -> BTreeSet<Outcome> {
+        trace(nft, Family::Ip, &host(), origin, packet).expect("the tracer understands every rule")
+    }
+
+    fn forwarded_to(endpoints: &[&str], masqueraded: bool) -> BTreeSet<Outcome> {
+        endpoints
+            .iter()
+            .map(|e| Outcome {
+                disposition: Disposition::Forwarded,
+                destination: e.parse().unwrap(),
+                destination_port: 8080,
+                masqueraded,
+            })
+            .collect()
+    }
+
+    fn web_with_two_endpoints() -> FakeNftables {
+        programmed(vec![
+            Change::ServiceUpserted(service("web", "198.19.0.10", ServiceType::NodePort)),
+            Change::SliceUpserted(slice("web", &[("198.18.129.1", "node1"), ("198.18.130.1", "node2")])),
+        ])
+    }
+
+    #[test]
+    fn a_pod_reaching_a_cluster_ip_may_land_on_any_endpoint_unmasqueraded() {
+        let nft = web_with_two_endpoints();
+        let got = outcomes(&nft, Origin::Network, tcp("198.18.129.2", "198.19.0.10", 80));
+        assert_eq!(got, forwarded_to(&["198.18.129.1", "198.18.130.1"], false));
+    }
+
+    #[test]
+    fn an_off_cluster_client_reaching_a_cluster_ip_is_masqueraded() {
+        let nft = web_with_two_endpoints();
+        let got = outcomes(&nft, Origin::Network, tcp("198.18.0.101", "198.19.0.10", 80));
+        assert_eq!(got, forwarded_to(&["198.18.129.1", "198.18.130.1"], true));
+    }
+
+    #[test]
+    fn an_external_client_reaching_a_node_port_is_masqueraded() {
+        let nft = web_with_two_endpoints();
+        let got = outcomes(&nft, Origin::Network, tcp("198.18.0.101", NODE, 30080));
+        assert_eq!(got, forwarded_to(&["198.18.129.1", "198.18.130.1"], true));
+    }
+
+    #[test]
+    fn a_node_port_is_not_reachable_on_loopback() {
+        let nft = web_with_two_endpoints();
+        let got = outcomes(&nft, Origin::LocalProcess, tcp("127.0.0.1", "127.0.0.1", 30080));
+        assert_eq!(got.len(), 1);
+        let only = got.into_iter().next().unwrap();
+        assert_eq!((only.disposition, only.destination_port), (Disposition::DeliveredLocally, 30080));
+    }
+
+    #[test]
+    fn a_pod_reaching_itself_through_its_service_is_masqueraded() {
+        let nft = web_with_two_endpoints();
+        let got = outcomes(&nft, Origin::Network, tcp("198.18.129.1", "198.19.0.10", 80));
+        let hairpin = got.iter().find(|o| o.destination.to_string() == "198.18.129.1").unwrap();
+        assert!(hairpin.masqueraded);
+        let other = got.iter().find(|o| o.destination.to_string() == "198.18.130.1").unwrap();
+        assert!(!other.masqueraded);
+    }
+
+    #[test]
+    fn a_cluster_ip_without_endpoints_is_rejected() {
+        let nft = programmed(vec![Change::ServiceUpserted(service("web", "198.19.0.10", ServiceType::NodePort))]);
+        for (origin, packet) in [
+            (Origin::Network, tcp("198.18.129.2", "198.19.0.10", 80)),
+            (Origin::LocalProcess, tcp(NODE, "198.19.0.10", 80)),
+            (Origin::Network, tcp("198.18.0.101", NODE, 30080)),
+        ] {
+            let got = outcomes(&nft, origin, packet);
+            assert!(
+                got.iter().all(|o| o.disposition == Disposition::Rejected) && !got.is_empty(),
+                "{packet:?}: {got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn external_local_policy_drops_external_traffic_on_a_node_without_local_endpoints() {
+        let mut svc = service("web", "198.19.0.10", ServiceType::NodePort);
+        svc.external_traffic_policy = TrafficPolicy::Local;
+        let nft = programmed(vec![
+            Change::ServiceUpserted(svc),
+            Change::SliceUpserted(slice("web", &[("198.18.130.1", "node2")])),
+        ]);
+        let external = outcomes(&nft, Origin::Network, tcp("198.18.0.101", NODE, 30080));
+        assert!(external.iter().all(|o| o.disposition == Disposition::Dropped), "{external:?}");
+        // A pod still short-circuits to every endpoint.
+        let from_pod = outcomes(&nft, Origin::Network, tcp("198.18.129.5", NODE, 30080));
+        assert_eq!(from_pod, forwarded_to(&["198.18.130.1"], false));
+    }
+
+    #[test]
+    fn external_local_policy_preserves_the_client_address_on_local_endpoints() {
+        let mut svc = service("web", "198.19.0.10", ServiceType::NodePort);
+        svc.external_traffic_policy = TrafficPolicy::Local;
+        let nft = programmed(vec![
+            Change::ServiceUpserted(svc),
+            Change::SliceUpserted(slice("web", &[("198.18.129.1", "node1"), ("198.18.130.1", "node2")])),
+        ]);
+        let got = outcomes(&nft, Origin::Network, tcp("198.18.0.101", NODE, 30080));
+        assert_eq!(got, forwarded_to(&["198.18.129.1"], false));
+    }
+}

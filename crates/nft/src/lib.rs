@@ -22,6 +22,7 @@ pub mod error;
 pub mod fake;
 pub mod objects;
 pub mod text;
+pub mod trace;
 pub mod validation;
 
 pub use cli::NftCli;
