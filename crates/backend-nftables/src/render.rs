@@ -6,7 +6,7 @@
 //! sets or maps per service: the kernel charges those quadratically), and rejects/drops for
 //! unrouted traffic live in filter-hook maps that only see packets nothing DNATed.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 use svcplane_core::{
@@ -68,6 +68,8 @@ pub struct PortObjects {
     pub elements: Vec<Element>,
     /// Endpoint addresses that need hairpin masquerade.
     pub endpoint_addresses: Vec<IpAddr>,
+    /// Sets the chains use (session affinity), created before and deleted after them.
+    pub sets: Vec<Set>,
 }
 
 fn map(name: &str, key: Vec<DataType>) -> Operation {
@@ -252,31 +254,71 @@ fn endpoint_chain_name(plan: &ServicePortPlan, set: EndpointSetKind) -> String {
 
 /// A cascade that picks each of `n` endpoints with probability 1/n: rule `i` matches with
 /// probability 1/(n-i) given that no earlier rule did; the last one always matches.
-fn endpoint_chain_rules(chain: &str, plan: &ServicePortPlan, set: EndpointSetKind) -> Vec<Rule> {
+///
+/// With ClientIP affinity, each endpoint also has a dynamic set of the clients it served
+/// recently: a client found in one goes straight back to that endpoint, and every pick
+/// (re)records the client in the chosen endpoint's set.
+fn endpoint_chain_rules(chain: &str, plan: &ServicePortPlan, set: EndpointSetKind) -> (Vec<Rule>, Vec<Set>) {
     let endpoints = plan.endpoints(set);
     let count = endpoints.len();
-    endpoints
-        .iter()
-        .enumerate()
-        .map(|(index, endpoint)| {
-            let mut statements = Vec::with_capacity(3);
-            let remaining = count - index;
-            if remaining > 1 {
-                statements.push(Statement::Match(Match::Compare {
-                    left: Expr::RandomModulo(remaining as u32),
-                    op: CmpOp::Eq,
-                    right: Value::Integer(0),
-                }));
-            }
-            statements.push(Statement::Match(Match::Compare {
-                left: Expr::L4Proto,
-                op: CmpOp::Eq,
-                right: Value::Protocol(protocol_number(plan)),
-            }));
-            statements.push(Statement::Dnat { address: endpoint.ip(), port: Some(endpoint.port()) });
-            Rule { chain: chain.to_owned(), statements, comment: None }
+    let l4proto = || {
+        Statement::Match(Match::Compare {
+            left: Expr::L4Proto,
+            op: CmpOp::Eq,
+            right: Value::Protocol(protocol_number(plan)),
         })
-        .collect()
+    };
+    let dnat = |endpoint: &SocketAddr| Statement::Dnat { address: endpoint.ip(), port: Some(endpoint.port()) };
+    let mut rules = Vec::with_capacity(if plan.affinity.is_some() { 2 * count } else { count });
+    let mut sets = Vec::new();
+    if let Some(affinity) = plan.affinity {
+        for endpoint in endpoints {
+            let set_name = affinity_set_name(plan, endpoint);
+            sets.push(Set {
+                name: set_name.clone(),
+                key: vec![address_type(plan.family)],
+                value: None,
+                interval: false,
+                dynamic_timeout: Some(affinity.timeout),
+                comment: None,
+            });
+            rules.push(Rule {
+                chain: chain.to_owned(),
+                statements: vec![
+                    Statement::Match(Match::InSet { keys: vec![Expr::SourceAddress], negate: false, set: set_name }),
+                    l4proto(),
+                    dnat(endpoint),
+                ],
+                comment: None,
+            });
+        }
+    }
+    for (index, endpoint) in endpoints.iter().enumerate() {
+        let mut statements = Vec::with_capacity(4);
+        let remaining = count - index;
+        if remaining > 1 {
+            statements.push(Statement::Match(Match::Compare {
+                left: Expr::RandomModulo(remaining as u32),
+                op: CmpOp::Eq,
+                right: Value::Integer(0),
+            }));
+        }
+        statements.push(l4proto());
+        if plan.affinity.is_some() {
+            statements
+                .push(Statement::UpdateSet { keys: vec![Expr::SourceAddress], set: affinity_set_name(plan, endpoint) });
+        }
+        statements.push(dnat(endpoint));
+        rules.push(Rule { chain: chain.to_owned(), statements, comment: None });
+    }
+    (rules, sets)
+}
+
+/// `affinity-<hash>-ns/svc/proto/port__<ip>/<port>`, with IPv6 colons as dots (nft names
+/// cannot hold colons).
+fn affinity_set_name(plan: &ServicePortPlan, endpoint: &SocketAddr) -> String {
+    let ip = endpoint.ip().to_string().replace(':', ".");
+    format!("{}__{ip}/{}", service_object("affinity", &plan.name), endpoint.port())
 }
 
 fn source_match(sources: &SourceMatch) -> Option<Match> {
@@ -359,8 +401,14 @@ pub fn render_port(plan: &ServicePortPlan) -> PortObjects {
     used_sets.sort();
     for set in used_sets {
         let name = endpoint_chain_name(plan, set);
-        let rules = endpoint_chain_rules(&name, plan, set);
+        let (rules, sets) = endpoint_chain_rules(&name, plan, set);
         objects.chains.push((name, rules));
+        for set in sets {
+            // Cluster and Local chains share an endpoint's affinity set.
+            if !objects.sets.iter().any(|known| known.name == set.name) {
+                objects.sets.push(set);
+            }
+        }
         objects.endpoint_addresses.extend(plan.endpoints(set).iter().map(|e| e.ip()));
     }
     objects.endpoint_addresses.sort();

@@ -55,6 +55,7 @@ pub fn render_full(plan: &NodePlan, families: &[IpFamily]) -> Vec<Transaction> {
             let mut hairpin: HashSet<IpAddr> = HashSet::new();
             for (_, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
                 let objects = render_port(port_plan);
+                operations.extend(objects.sets.iter().cloned().map(Operation::AddSet));
                 add_chains(&mut operations, &objects.chains);
                 operations.extend(objects.elements.into_iter().map(Operation::AddElement));
                 for address in objects.endpoint_addresses {
@@ -89,10 +90,23 @@ struct Phases {
     /// Stale chains are all flushed before any is deleted: they may jump to each other.
     flush_chains: Vec<Operation>,
     delete_chains: Vec<Operation>,
+    /// Sets go last: only the deleted chains' rules used them.
+    delete_sets: Vec<Operation>,
 }
 
 impl Phases {
     fn diff(&mut self, old: &PortObjects, new: &PortObjects) {
+        // Adding a set that exists with other settings (a new affinity timeout) updates it.
+        for set in &new.sets {
+            if !old.sets.contains(set) {
+                self.add_chains.push(Operation::AddSet(set.clone()));
+            }
+        }
+        for set in &old.sets {
+            if !new.sets.iter().any(|known| known.name == set.name) {
+                self.delete_sets.push(Operation::DeleteSet(set.name.clone()));
+            }
+        }
         let old_chains: HashMap<&str, &Vec<Rule>> = old.chains.iter().map(|(n, r)| (n.as_str(), r)).collect();
         let new_chain_names: HashSet<&str> = new.chains.iter().map(|(n, _)| n.as_str()).collect();
         for (name, rules) in &new.chains {
@@ -145,6 +159,7 @@ impl Phases {
         operations.extend(self.add_elements);
         operations.extend(self.flush_chains);
         operations.extend(self.delete_chains);
+        operations.extend(self.delete_sets);
         operations
     }
 }

@@ -39,6 +39,12 @@ fn slice(service: &str, endpoints: &[(&str, &str)]) -> EndpointSlice {
     }
 }
 
+fn with_affinity(mut service: Service, seconds: u64) -> Service {
+    service.session_affinity =
+        Some(svcplane_core::ClientIpAffinity { timeout: std::time::Duration::from_secs(seconds) });
+    service
+}
+
 /// Drives state, plan and backend together the way the proxy loop does.
 struct Harness<N> {
     state: ClusterState,
@@ -126,6 +132,10 @@ fn partial_syncs_leave_the_same_ruleset_as_a_full_sync_of_the_final_plan() {
             s
         })],
         vec![Change::SliceUpserted(slice("web", &[("198.18.130.1", "node2")]))],
+        vec![Change::ServiceUpserted(with_affinity(service("db", "198.19.0.11", ServiceType::ClusterIp), 60))],
+        vec![Change::SliceUpserted(slice("db", &[("198.18.129.1", "node1"), ("198.18.129.2", "node1")]))],
+        vec![Change::ServiceUpserted(with_affinity(service("db", "198.19.0.11", ServiceType::ClusterIp), 30))],
+        vec![Change::SliceUpserted(slice("db", &[("198.18.129.2", "node1")]))],
         vec![Change::SliceDeleted(NamespacedName::new("default", "db-slice"))],
         vec![Change::ServiceDeleted(NamespacedName::new("default", "web"))],
     ];
@@ -134,6 +144,24 @@ fn partial_syncs_leave_the_same_ruleset_as_a_full_sync_of_the_final_plan() {
         assert_eq!(report.full, index == 0, "only the first sync is full (step {index})");
         assert_eq!(h.backend.nftables().dump(), full_sync_dump(&h.state), "after step {index}");
     }
+}
+
+#[test]
+fn client_ip_affinity_gives_each_endpoint_a_set_of_recent_clients() {
+    let mut h = Harness::new(FakeNftables::new());
+    h.apply(vec![
+        Change::ServiceUpserted(with_affinity(service("web", "198.19.0.10", ServiceType::ClusterIp), 600)),
+        Change::SliceUpserted(slice("web", &[("198.18.129.1", "node1"), ("198.18.129.2", "node1")])),
+    ])
+    .unwrap();
+    let table = h.backend.nftables().table(&v4()).unwrap();
+    let affinity: Vec<_> = table.sets().into_iter().filter(|s| s.name.starts_with("affinity-")).collect();
+    assert_eq!(affinity.len(), 2);
+    assert!(affinity.iter().all(|s| s.dynamic_timeout == Some(std::time::Duration::from_secs(600))));
+    assert!(affinity[0].name.ends_with("__198.18.129.1/8080"), "{}", affinity[0].name);
+    let chain = table.chains().into_iter().find(|c| c.name.starts_with("service-")).unwrap();
+    // Two "known client" rules, then the two-step cascade.
+    assert_eq!(table.rules(&chain.name).unwrap().len(), 4);
 }
 
 #[test]
