@@ -8,11 +8,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use svcplane_backend_nftables::{NftablesBackend, render_full};
+use svcplane_conntrack::ConntrackCli;
+use svcplane_core::conntrack::{StaleUdpFlows, stale_udp_flows};
 use svcplane_core::{IpFamily, NodeConfig, NodePlan, NodePortAddresses};
 use svcplane_nft::NftCli;
 use tracing::{info, warn};
 
 use crate::cli::ProxyArgs;
+use crate::health::HealthServers;
 use crate::pipeline::Pipeline;
 
 /// After a failed kernel transaction, wait this long before the (full) retry.
@@ -56,8 +59,12 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
     let watcher = pipeline.spawn_watcher(loads, Arc::clone(&stop))?;
     let mut plan = NodePlan::new(node_config(args)?);
     let mut backend = NftablesBackend::new(NftCli::new().with_program(args.nft_program.clone()));
+    let conntrack = ConntrackCli::new();
+    let mut health = HealthServers::default();
     let mut has_snapshot = false;
     let mut retry_at: Option<Instant> = None;
+    // Stale UDP flows are removed only once the rules that replace them are in.
+    let mut pending_cleanups: Vec<StaleUdpFlows> = Vec::new();
 
     while !stop.load(Ordering::Relaxed) {
         match loaded.recv_timeout(TICK) {
@@ -81,9 +88,18 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
         let started = Instant::now();
         let changes = pipeline.state.take_changes();
         let changed = plan.update(&pipeline.state, &changes);
+        pending_cleanups.extend(stale_udp_flows(&plan, &changed));
+        health.update(&plan.health_checks);
         match backend.sync(&plan, &changed) {
             Ok(report) => {
                 retry_at = None;
+                for cleanup in pending_cleanups.drain(..) {
+                    match conntrack.delete_stale(&cleanup) {
+                        Ok(0) => {}
+                        Ok(deleted) => info!(deleted, port = cleanup.port, "removed stale UDP flows"),
+                        Err(error) => warn!("removing stale UDP flows: {error}"),
+                    }
+                }
                 info!(
                     full = report.full,
                     service_ports = report.service_ports,

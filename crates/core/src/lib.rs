@@ -6,6 +6,7 @@
 //! [`plan::NodePlan`] into kernel state. Every Service rule (which endpoints are eligible,
 //! when to masquerade, what to do with no endpoints) is decided here and nowhere else.
 
+pub mod conntrack;
 pub mod model;
 pub mod plan;
 pub mod selection;
@@ -13,7 +14,7 @@ pub mod state;
 
 pub use model::*;
 pub use plan::{
-    ChangedKeys, Destination, EndpointSetKind, Frontend, FrontendKind, NodeConfig, NodePlan, NodePortAddresses,
-    PlanKey, Route, ServicePortPlan, SourceMatch, Unrouted,
+    ChangedKeys, Destination, EndpointSetKind, Frontend, FrontendKind, HealthCheck, NodeConfig, NodePlan,
+    NodePortAddresses, PlanKey, Route, ServicePortPlan, SourceMatch, Unrouted,
 };
 pub use state::{Change, Changes, ClusterState, ServiceEndpoint};

@@ -146,6 +146,19 @@ pub struct NodePlan {
     pub node_port_cidrs: BTreeMap<IpFamily, Vec<IpNet>>,
     /// The keys each Service owns, so replanning one Service never scans the others.
     keys_by_service: BTreeMap<NamespacedName, BTreeSet<PlanKey>>,
+    /// Health-check node ports of Services with `externalTrafficPolicy: Local`.
+    pub health_checks: BTreeMap<NamespacedName, HealthCheck>,
+    /// What the keys the last update changed looked like before it (`None`: new key).
+    previous: BTreeMap<PlanKey, Option<ServicePortPlan>>,
+}
+
+/// `spec.healthCheckNodePort`: answers whether this node has endpoints for the Service,
+/// so an external load balancer only sends to nodes that can serve locally.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HealthCheck {
+    pub port: u16,
+    /// Distinct local endpoint addresses across the Service's ports and families.
+    pub local_endpoints: usize,
 }
 
 /// Which plan keys an update added, changed or removed.
@@ -154,7 +167,14 @@ pub type ChangedKeys = BTreeSet<PlanKey>;
 impl NodePlan {
     pub fn new(config: NodeConfig) -> Self {
         let node_port_cidrs = node_port_cidrs(&config, &[]);
-        Self { config, service_ports: BTreeMap::new(), node_port_cidrs, keys_by_service: BTreeMap::new() }
+        Self {
+            config,
+            service_ports: BTreeMap::new(),
+            node_port_cidrs,
+            keys_by_service: BTreeMap::new(),
+            health_checks: BTreeMap::new(),
+            previous: BTreeMap::new(),
+        }
     }
 
     /// The plan from scratch.
@@ -173,6 +193,7 @@ impl NodePlan {
             self.node_port_cidrs = node_port_cidrs(&self.config, &node.addresses);
         }
         let mut changed = ChangedKeys::new();
+        self.previous.clear();
         let services: Vec<NamespacedName> = if changes.everything {
             let mut all: BTreeSet<NamespacedName> = state.services().map(|s| s.name.clone()).collect();
             all.extend(self.keys_by_service.keys().cloned());
@@ -184,21 +205,42 @@ impl NodePlan {
             let fresh = state.service(&name).map(|s| plan_service(s, state, &node, self)).unwrap_or_default();
             let previous = self.keys_by_service.remove(&name).unwrap_or_default();
             for key in previous.into_iter().filter(|k| !fresh.contains_key(k)) {
-                self.service_ports.remove(&key);
+                let old = self.service_ports.remove(&key);
+                self.previous.insert(key.clone(), old);
                 changed.insert(key);
             }
             if !fresh.is_empty() {
                 self.keys_by_service.insert(name.clone(), fresh.keys().cloned().collect());
             }
+            match state.service(&name).and_then(|service| health_check(service, &fresh)) {
+                Some(check) => self.health_checks.insert(name.clone(), check),
+                None => self.health_checks.remove(&name),
+            };
             for (key, port_plan) in fresh {
                 if self.service_ports.get(&key) != Some(&port_plan) {
-                    self.service_ports.insert(key.clone(), port_plan);
+                    let old = self.service_ports.insert(key.clone(), port_plan);
+                    self.previous.insert(key.clone(), old);
                     changed.insert(key);
                 }
             }
         }
         changed
     }
+
+    /// How a key the last [`Self::update`] changed looked before it; `None` if it is new
+    /// (or was not changed).
+    pub fn previous(&self, key: &PlanKey) -> Option<&ServicePortPlan> {
+        self.previous.get(key).and_then(Option::as_ref)
+    }
+}
+
+fn health_check(service: &Service, ports: &BTreeMap<PlanKey, ServicePortPlan>) -> Option<HealthCheck> {
+    let port = service.health_check_node_port?;
+    if service.service_type != ServiceType::LoadBalancer || service.external_traffic_policy != TrafficPolicy::Local {
+        return None;
+    }
+    let local: BTreeSet<IpAddr> = ports.values().flat_map(|p| p.local_endpoints.iter().map(|e| e.ip())).collect();
+    Some(HealthCheck { port, local_endpoints: local.len() })
 }
 
 fn node_of(state: &ClusterState, config: &NodeConfig) -> Node {
@@ -607,6 +649,39 @@ mod tests {
         };
         assert_eq!(changed.len(), 1);
         assert!(plan.service_ports.is_empty());
+    }
+
+    #[test]
+    fn a_local_policy_load_balancer_counts_its_local_endpoints_for_the_health_check() {
+        let mut svc = service(ServiceType::LoadBalancer);
+        svc.external_traffic_policy = TrafficPolicy::Local;
+        svc.health_check_node_port = Some(32000);
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(svc));
+        state.apply(Change::SliceUpserted(slice(&[("198.18.129.2", "node1"), ("198.18.130.2", "node2")])));
+        let plan = NodePlan::build(&state, config());
+        assert_eq!(
+            plan.health_checks.get(&NamespacedName::new("default", "web")),
+            Some(&HealthCheck { port: 32000, local_endpoints: 1 })
+        );
+    }
+
+    #[test]
+    fn an_update_remembers_what_the_changed_keys_looked_like_before() {
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(service(ServiceType::ClusterIp)));
+        state.apply(Change::SliceUpserted(slice(&[("198.18.129.2", "node1")])));
+        let mut plan = NodePlan::build(&state, config());
+        state.take_changes();
+        state.apply(Change::SliceUpserted(slice(&[("198.18.129.3", "node1")])));
+        let changed = {
+            let changes = state.take_changes();
+            plan.update(&state, &changes)
+        };
+        let key = changed.iter().next().unwrap();
+        let before = plan.previous(key).expect("the old plan");
+        assert_eq!(before.cluster_endpoints[0].ip().to_string(), "198.18.129.2");
+        assert_eq!(plan.service_ports[key].cluster_endpoints[0].ip().to_string(), "198.18.129.3");
     }
 
     #[test]
