@@ -31,6 +31,9 @@ pub struct UdpFlow {
     pub reply_source: SocketAddr,
 }
 
+/// Source, destination and ports of one direction, as far as the line gave them.
+type Tuple = (Option<IpAddr>, Option<IpAddr>, Option<u16>, Option<u16>);
+
 /// Parses one line of `conntrack -L -p udp` output. Lines of other protocols, or that lack a
 /// field, are not flows we can act on.
 pub fn parse_udp_flow(line: &str) -> Option<UdpFlow> {
@@ -38,7 +41,7 @@ pub fn parse_udp_flow(line: &str) -> Option<UdpFlow> {
     if fields.next()? != "udp" {
         return None;
     }
-    let mut tuples: Vec<(Option<IpAddr>, Option<IpAddr>, Option<u16>, Option<u16>)> = Vec::new();
+    let mut tuples: Vec<Tuple> = Vec::new();
     for field in fields {
         let Some((name, value)) = field.split_once('=') else { continue };
         match name {
