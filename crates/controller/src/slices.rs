@@ -25,7 +25,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Container, Node, ObjectReference, Pod, Service, ServicePort};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::api::discovery::v1::{
+    Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForNode, ForZone,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -172,6 +174,28 @@ struct Target<'s> {
     families: Vec<IpFamily>,
     headless: bool,
     publish_not_ready: bool,
+    hints: Hints,
+}
+
+/// Which topology hints `spec.trafficDistribution` asks the endpoints to carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hints {
+    None,
+    /// `PreferClose` / `PreferSameZone`: each endpoint hinted for its own zone.
+    SameZone,
+    /// `PreferSameNode`: each endpoint hinted for its own node (and zone, as a fallback).
+    SameNode,
+}
+
+impl Hints {
+    fn of(traffic_distribution: Option<&str>) -> Self {
+        match traffic_distribution {
+            Some("PreferClose" | "PreferSameZone") => Hints::SameZone,
+            Some("PreferSameNode") => Hints::SameNode,
+            // Unknown values are ignored, as upstream does.
+            _ => Hints::None,
+        }
+    }
 }
 
 impl<'s> Target<'s> {
@@ -210,6 +234,7 @@ impl<'s> Target<'s> {
             families,
             headless: cluster_ip == Some("None"),
             publish_not_ready: spec.publish_not_ready_addresses == Some(true),
+            hints: Hints::of(spec.traffic_distribution.as_deref()),
         }))
     }
 
@@ -278,15 +303,21 @@ impl<'s> Target<'s> {
             .filter(|spec| spec.subdomain.as_deref() == Some(self.key.name.as_str()))
             .and_then(|spec| spec.hostname.clone())
             .filter(|hostname| !hostname.is_empty());
+        let zone = node_name.as_deref().and_then(|node| zones.of(node)).map(str::to_owned);
+        let for_zones = zone.as_ref().filter(|_| self.hints != Hints::None).map(|z| vec![ForZone { name: z.clone() }]);
+        let for_nodes =
+            node_name.as_ref().filter(|_| self.hints == Hints::SameNode).map(|n| vec![ForNode { name: n.clone() }]);
+        let hints = (for_zones.is_some() || for_nodes.is_some()).then_some(EndpointHints { for_zones, for_nodes });
         Endpoint {
             addresses: vec![ip.to_string()],
+            hints,
             conditions: Some(EndpointConditions {
                 ready: Some(self.publish_not_ready || (serving && !terminating)),
                 serving: Some(serving),
                 terminating: Some(terminating),
             }),
             hostname,
-            zone: node_name.as_deref().and_then(|node| zones.of(node)).map(str::to_owned),
+            zone,
             node_name,
             target_ref: Some(ObjectReference {
                 kind: Some("Pod".to_owned()),

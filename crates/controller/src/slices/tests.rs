@@ -355,6 +355,40 @@ fn the_zone_comes_from_the_node_label() {
     assert!(without_nodes[0].endpoints.iter().all(|e| e.zone.is_none()));
 }
 
+fn hinted(traffic_distribution: Option<&str>) -> Vec<(Vec<String>, Vec<String>)> {
+    let mut service = app_service("default/web", "web");
+    service.spec.as_mut().unwrap().traffic_distribution = traffic_distribution.map(str::to_owned);
+    let pods = [on_node(pod("default/web-1", "web", &["10.0.0.1"]), "node-a")];
+    let slices = plan_slices(&service, &pods, Some(&[node("node-a", "zone-1")])).unwrap();
+    slices[0]
+        .endpoints
+        .iter()
+        .map(|e| {
+            let hints = e.hints.clone().unwrap_or_default();
+            let zones = hints.for_zones.unwrap_or_default().into_iter().map(|z| z.name).collect();
+            let nodes = hints.for_nodes.unwrap_or_default().into_iter().map(|n| n.name).collect();
+            (zones, nodes)
+        })
+        .collect()
+}
+
+#[test]
+fn prefer_close_hints_each_endpoint_for_its_own_zone() {
+    assert_eq!(hinted(Some("PreferClose")), [(vec!["zone-1".to_owned()], vec![])]);
+    assert_eq!(hinted(Some("PreferSameZone")), [(vec!["zone-1".to_owned()], vec![])]);
+}
+
+#[test]
+fn prefer_same_node_hints_each_endpoint_for_its_own_node_and_zone() {
+    assert_eq!(hinted(Some("PreferSameNode")), [(vec!["zone-1".to_owned()], vec!["node-a".to_owned()])]);
+}
+
+#[test]
+fn without_a_traffic_distribution_endpoints_carry_no_hints() {
+    assert_eq!(hinted(None), [(vec![], vec![])]);
+    assert_eq!(hinted(Some("SomethingNew")), [(vec![], vec![])]);
+}
+
 #[test]
 fn the_planner_selects_the_same_pods_as_a_scan() {
     let mut pods = Vec::new();
