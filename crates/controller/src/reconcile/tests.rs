@@ -132,6 +132,3 @@ fn external_name_services_are_returned_without_slices() {
     assert_eq!(reconciled.services, [external]);
     assert_eq!(reconciled.slices, []);
 }
-
-/// 10k Services x 10 Pods over 100 namespaces. Meant for release builds:
-/// `cargo test -p svcplane-controller --release -- --ignored --nocapture`.
