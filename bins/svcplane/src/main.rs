@@ -1,6 +1,7 @@
 //! `svcplane`: one binary, subcommands. Wiring only: every decision lives in the crates.
 
 mod cli;
+mod dns;
 mod health;
 mod lab;
 mod pipeline;
@@ -14,14 +15,19 @@ use crate::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SVCPLANE_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SVCPLANE_LOG")
+                .unwrap_or_else(|_| "info,hickory_server=warn".into()),
+        )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Proxy(args) => proxy::run(&args),
         Command::Render(args) => proxy::render(&args),
         Command::Controller(args) => pipeline::print_controller_output(&args.source),
+        Command::Dns(args) => dns::run(&args),
         Command::Cleanup => proxy::cleanup(),
         Command::Lab(args) => lab::run(&args),
         Command::Echo(args) => lab::echo(&args),

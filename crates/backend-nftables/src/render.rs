@@ -208,7 +208,17 @@ pub fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
         map: NO_ENDPOINT_NODEPORTS.to_owned(),
     });
     ops.push(rule("nodeport-endpoints-check", no_node_port));
-    // `reject` is not a verdict a map can hold, hence a chain for it.
+    // `reject` is not a verdict a map can hold, hence a chain for it. TCP gets a reset:
+    // an ICMP error that reaches a socket still inside connect() is dropped (the client
+    // then waits a second for its SYN retransmit, seen with IPv6), and ICMP errors are
+    // rate-limited per destination; a reset is neither.
+    ops.push(rule(
+        REJECT_CHAIN,
+        vec![
+            Statement::Match(Match::Compare { left: Expr::L4Proto, op: CmpOp::Eq, right: Value::Protocol(6) }),
+            Statement::Reject(RejectKind::TcpReset),
+        ],
+    ));
     ops.push(rule(REJECT_CHAIN, vec![Statement::Reject(RejectKind::PortUnreachable)]));
 
     // Hairpin: a pod reaching itself through a Service must see the node as the source,

@@ -1,4 +1,3 @@
-
 use k8s_openapi::api::discovery::v1::Endpoint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
