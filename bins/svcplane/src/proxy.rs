@@ -129,6 +129,15 @@ pub fn render(args: &ProxyArgs) -> anyhow::Result<()> {
         let script = svcplane_nft::render(&transaction).context("rendering the nft script")?;
         print!("{script}");
     }
+    // Served by the proxy itself, not by nftables; shown so the output is the whole story.
+    for (service, check) in &plan.health_checks {
+        println!(
+            "# health-check node port {}: {service}, {} local endpoint(s), answers {}",
+            check.port,
+            check.local_endpoints,
+            if check.local_endpoints > 0 { 200 } else { 503 }
+        );
+    }
     Ok(())
 }
 
