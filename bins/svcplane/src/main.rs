@@ -1,6 +1,7 @@
 //! `svcplane`: one binary, subcommands. Wiring only: every decision lives in the crates.
 
 mod cli;
+mod dataplane;
 mod dns;
 mod health;
 mod lab;

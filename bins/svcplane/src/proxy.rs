@@ -7,14 +7,13 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use svcplane_backend_nftables::{NftablesBackend, render_full};
 use svcplane_conntrack::ConntrackCli;
 use svcplane_core::conntrack::{StaleUdpFlows, stale_udp_flows};
-use svcplane_core::{IpFamily, NodeConfig, NodePlan, NodePortAddresses};
-use svcplane_nft::NftCli;
+use svcplane_core::{NodeConfig, NodePlan, NodePortAddresses};
 use tracing::{info, warn};
 
 use crate::cli::ProxyArgs;
+use crate::dataplane::Dataplane;
 use crate::health::HealthServers;
 use crate::pipeline::Pipeline;
 
@@ -58,7 +57,7 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
     let (loads, loaded) = mpsc::channel();
     let watcher = pipeline.spawn_watcher(loads, Arc::clone(&stop))?;
     let mut plan = NodePlan::new(node_config(args)?);
-    let mut backend = NftablesBackend::new(NftCli::new().with_program(args.nft_program.clone()));
+    let mut backend = Dataplane::new(args);
     let conntrack = ConntrackCli::new();
     let mut health = HealthServers::default();
     let mut has_snapshot = false;
@@ -125,10 +124,7 @@ pub fn render(args: &ProxyArgs) -> anyhow::Result<()> {
     let mut pipeline = Pipeline::new(&args.source)?;
     pipeline.load_once();
     let plan = NodePlan::build(&pipeline.state, node_config(args)?);
-    for transaction in render_full(&plan, &[IpFamily::V4, IpFamily::V6]) {
-        let script = svcplane_nft::render(&transaction).context("rendering the nft script")?;
-        print!("{script}");
-    }
+    print!("{}", Dataplane::render(args.mode, &plan)?);
     // Served by the proxy itself, not by nftables; shown so the output is the whole story.
     for (service, check) in &plan.health_checks {
         println!(
@@ -143,8 +139,7 @@ pub fn render(args: &ProxyArgs) -> anyhow::Result<()> {
 
 /// Removes every table svcplane owns on this node.
 pub fn cleanup() -> anyhow::Result<()> {
-    let mut backend = NftablesBackend::new(NftCli::new());
-    let removed = backend.cleanup().context("deleting svcplane's nftables tables")?;
+    let removed = Dataplane::cleanup_all()?;
     info!(removed, "cleanup done");
     Ok(())
 }

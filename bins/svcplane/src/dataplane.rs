@@ -1,0 +1,62 @@
+//! The backends `proxy`, `render` and `cleanup` can drive, behind one small interface so the
+//! sync loop does not care which mode it runs.
+
+use anyhow::Context;
+use svcplane_backend_nftables::{NftablesBackend, render_full};
+use svcplane_core::{ChangedKeys, IpFamily, NodePlan};
+use svcplane_nft::NftCli;
+
+use crate::cli::{Mode, ProxyArgs};
+
+/// What one sync did, in any mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncSummary {
+    pub full: bool,
+    pub service_ports: usize,
+    pub operations: usize,
+}
+
+/// The node's dataplane in the chosen mode.
+#[derive(Debug)]
+pub enum Dataplane {
+    Nftables(NftablesBackend<NftCli>),
+}
+
+impl Dataplane {
+    pub fn new(args: &ProxyArgs) -> Self {
+        match args.mode {
+            Mode::Nftables => {
+                Dataplane::Nftables(NftablesBackend::new(NftCli::new().with_program(args.nft_program.clone())))
+            }
+        }
+    }
+
+    /// Brings the kernel in line with `plan`; `changed` lets a backend sync partially.
+    pub fn sync(&mut self, plan: &NodePlan, changed: &ChangedKeys) -> anyhow::Result<SyncSummary> {
+        match self {
+            Dataplane::Nftables(backend) => {
+                let report = backend.sync(plan, changed)?;
+                Ok(SyncSummary { full: report.full, service_ports: report.service_ports, operations: report.operations })
+            }
+        }
+    }
+
+    /// What a full sync of `plan` would write, as the mode's own text.
+    pub fn render(mode: Mode, plan: &NodePlan) -> anyhow::Result<String> {
+        match mode {
+            Mode::Nftables => {
+                let mut text = String::new();
+                for transaction in render_full(plan, &[IpFamily::V4, IpFamily::V6]) {
+                    text.push_str(&svcplane_nft::render(&transaction).context("rendering the nft script")?);
+                }
+                Ok(text)
+            }
+        }
+    }
+
+    /// Removes whatever every mode may have left on this node. Returns whether anything was there.
+    pub fn cleanup_all() -> anyhow::Result<bool> {
+        let mut nftables = NftablesBackend::new(NftCli::new());
+        nftables.cleanup().context("deleting svcplane's nftables tables")
+    }
+}
