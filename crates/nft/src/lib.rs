@@ -20,6 +20,7 @@
 pub mod cli;
 pub mod error;
 pub mod fake;
+pub mod netlink;
 pub mod objects;
 pub mod text;
 pub mod trace;
@@ -28,6 +29,7 @@ pub mod validation;
 pub use cli::NftCli;
 pub use error::{ErrorKind, NftError, ObjectKind};
 pub use fake::{FakeNftables, FakeTable};
+pub use netlink::NftNetlink;
 pub use objects::*;
 pub use text::{render, render_with};
 
