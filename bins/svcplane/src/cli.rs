@@ -40,6 +40,15 @@ pub enum Mode {
     Nftables,
 }
 
+/// How nftables mode talks to the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NftMechanism {
+    /// nf_tables netlink directly, one batch per sync.
+    Netlink,
+    /// The `nft` command (`--nft-program`), one process per sync.
+    Cli,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct SourceArgs {
     /// Directory of Kubernetes manifests (Service, Pod, Node, EndpointSlice).
@@ -76,7 +85,10 @@ pub struct ProxyArgs {
     pub nodeport_addresses: Vec<String>,
     #[arg(long, value_enum, default_value = "nftables")]
     pub mode: Mode,
-    /// The `nft` program to run.
+    /// How nftables mode reaches the kernel.
+    #[arg(long, value_enum, default_value = "netlink")]
+    pub nft_mechanism: NftMechanism,
+    /// The `nft` program to run with `--nft-mechanism cli`.
     #[arg(long, default_value = "nft", hide = true)]
     pub nft_program: String,
 }

@@ -4,9 +4,34 @@
 use anyhow::Context;
 use svcplane_backend_nftables::{NftablesBackend, render_full};
 use svcplane_core::{ChangedKeys, IpFamily, NodePlan};
-use svcplane_nft::NftCli;
+use svcplane_nft::{NftCli, NftError, NftNetlink, Nftables, TableName, Transaction};
 
-use crate::cli::{Mode, ProxyArgs};
+use crate::cli::{Mode, NftMechanism, ProxyArgs};
+
+/// The way nftables transactions reach the kernel.
+#[derive(Debug)]
+pub enum NftClient {
+    /// A persistent nf_tables netlink socket: no process per sync, no text to parse.
+    Netlink(NftNetlink),
+    /// `nft -f -`: slower, but what an operator can replay by hand.
+    Cli(NftCli),
+}
+
+impl Nftables for NftClient {
+    fn apply(&mut self, transaction: &Transaction) -> Result<(), NftError> {
+        match self {
+            NftClient::Netlink(netlink) => netlink.apply(transaction),
+            NftClient::Cli(cli) => cli.apply(transaction),
+        }
+    }
+
+    fn delete_table(&mut self, table: &TableName) -> Result<bool, NftError> {
+        match self {
+            NftClient::Netlink(netlink) => netlink.delete_table(table),
+            NftClient::Cli(cli) => cli.delete_table(table),
+        }
+    }
+}
 
 /// What one sync did, in any mode.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -19,16 +44,22 @@ pub struct SyncSummary {
 /// The node's dataplane in the chosen mode.
 #[derive(Debug)]
 pub enum Dataplane {
-    Nftables(NftablesBackend<NftCli>),
+    Nftables(NftablesBackend<NftClient>),
 }
 
 impl Dataplane {
-    pub fn new(args: &ProxyArgs) -> Self {
-        match args.mode {
+    pub fn new(args: &ProxyArgs) -> anyhow::Result<Self> {
+        Ok(match args.mode {
             Mode::Nftables => {
-                Dataplane::Nftables(NftablesBackend::new(NftCli::new().with_program(args.nft_program.clone())))
+                let client = match args.nft_mechanism {
+                    NftMechanism::Netlink => {
+                        NftClient::Netlink(NftNetlink::new().context("opening the nf_tables netlink socket")?)
+                    }
+                    NftMechanism::Cli => NftClient::Cli(NftCli::new().with_program(args.nft_program.clone())),
+                };
+                Dataplane::Nftables(NftablesBackend::new(client))
             }
-        }
+        })
     }
 
     /// Brings the kernel in line with `plan`; `changed` lets a backend sync partially.
@@ -56,7 +87,7 @@ impl Dataplane {
 
     /// Removes whatever every mode may have left on this node. Returns whether anything was there.
     pub fn cleanup_all() -> anyhow::Result<bool> {
-        let mut nftables = NftablesBackend::new(NftCli::new());
+        let mut nftables = NftablesBackend::new(NftClient::Cli(NftCli::new()));
         nftables.cleanup().context("deleting svcplane's nftables tables")
     }
 }

@@ -57,7 +57,7 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
     let (loads, loaded) = mpsc::channel();
     let watcher = pipeline.spawn_watcher(loads, Arc::clone(&stop))?;
     let mut plan = NodePlan::new(node_config(args)?);
-    let mut backend = Dataplane::new(args);
+    let mut backend = Dataplane::new(args)?;
     let conntrack = ConntrackCli::new();
     let mut health = HealthServers::default();
     let mut has_snapshot = false;
@@ -103,7 +103,7 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
                     full = report.full,
                     service_ports = report.service_ports,
                     operations = report.operations,
-                    elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                    elapsed = ?started.elapsed(),
                     "synced"
                 );
             }
