@@ -26,6 +26,8 @@ pub enum Command {
     Render(ProxyArgs),
     /// Print the EndpointSlices and allocations the standalone controller derives.
     Controller(ControllerArgs),
+    /// Serve the cluster zone (Kubernetes DNS specification 1.1.0) over UDP and TCP.
+    Dns(crate::dns::DnsArgs),
     /// Remove everything svcplane programmed on this node.
     Cleanup,
     /// A sandbox of network namespaces showing real traffic through Services (needs root).

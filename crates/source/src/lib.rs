@@ -8,6 +8,8 @@
 //! - [`convert`] validates Services, EndpointSlices and Nodes and converts them into
 //!   [`svcplane_core`] values; errors name the file, the object and the field.
 //! - [`diff`] turns successive full snapshots into the minimal [`svcplane_core::Change`]s.
+//! - [`dns_view`] converts Services (headless and ExternalName too) and EndpointSlices into
+//!   the DNS crate's input model.
 //!
 //! What it deliberately does not do: no ClusterIP / NodePort allocation and no EndpointSlice
 //! generation from Pods (that is the controller crate, which takes [`ClusterObjects`]), no
@@ -16,10 +18,12 @@
 
 pub mod convert;
 pub mod diff;
+pub mod dns_view;
 pub mod manifests;
 pub mod watch;
 
 pub use convert::{Converted, FieldError, Problem, convert_objects, node_to_core, service_to_core, slice_to_core};
 pub use diff::SnapshotDiffer;
+pub use dns_view::{DnsView, dns_view, service_to_dns};
 pub use manifests::{ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, Position, load_directory};
 pub use watch::{DEFAULT_POLL_INTERVAL, DirectoryWatcher};

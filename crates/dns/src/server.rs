@@ -1,0 +1,222 @@
+//! The DNS server: hickory's UDP and TCP loops around [`crate::respond`], over a zone
+//! snapshot that is swapped atomically when the cluster changes.
+//!
+//! hickory-server reads and frames messages, answers FORMERR to requests it cannot parse and
+//! ignores messages shorter than a header or that are responses; everything else comes to
+//! [`Handler`], which loads the current snapshot (no lock), answers, and forwards names
+//! outside the zone. A failing upstream or a client that goes away never stops the server.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use hickory_proto::op::{Edns, Header, HeaderCounts, LowerQuery, Metadata, ResponseCode};
+use hickory_proto::rr::Record;
+use hickory_server::net::runtime::Time;
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo, Server};
+use hickory_server::zone_handler::MessageResponseBuilder;
+use tokio::net::{TcpListener, UdpSocket};
+use tracing::debug;
+
+use crate::answer::{Inquiry, Outcome, Reply, respond};
+use crate::forward::Forwarder;
+use crate::wire::{response_edns, response_metadata};
+use crate::zone::Zone;
+
+/// How long an idle TCP connection is kept.
+pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Binding on port 0 picks the UDP port first; this many tries find one free for TCP too.
+const MAX_BIND_ATTEMPTS: usize = 16;
+
+/// The current zone snapshot, shared between the server and whoever builds snapshots.
+#[derive(Debug, Clone)]
+pub struct SharedZone(Arc<ArcSwap<Zone>>);
+
+impl SharedZone {
+    pub fn new(zone: Zone) -> Self {
+        Self(Arc::new(ArcSwap::from_pointee(zone)))
+    }
+
+    /// Replaces the snapshot; questions already being answered finish on the old one.
+    pub fn publish(&self, zone: Zone) {
+        self.0.store(Arc::new(zone));
+    }
+
+    pub fn current(&self) -> Arc<Zone> {
+        self.0.load_full()
+    }
+}
+
+/// Answers requests from the current snapshot, forwarding what lies outside the zone.
+#[derive(Debug)]
+pub struct Handler {
+    zone: SharedZone,
+    forwarder: Option<Forwarder>,
+}
+
+impl Handler {
+    /// `forwarder` should be given exactly when the zone's config has forwarding on.
+    pub fn new(zone: SharedZone, forwarder: Option<Forwarder>) -> Self {
+        Self { zone, forwarder }
+    }
+
+    async fn send<R: ResponseHandler>(
+        request: &Request,
+        metadata: Metadata,
+        reply: &Reply,
+        mut handle: R,
+    ) -> ResponseInfo {
+        let edns: Option<Edns> = response_edns(request.edns.as_ref());
+        let mut builder = MessageResponseBuilder::from_message_request(request);
+        if let Some(edns) = &edns {
+            builder.edns(edns);
+        }
+        let message = builder.build(
+            metadata,
+            reply.answers.iter(),
+            reply.authorities.iter(),
+            std::iter::empty::<&Record>(),
+            reply.additionals.iter(),
+        );
+        match handle.send_response(message).await {
+            Ok(info) => info,
+            Err(error) => {
+                debug!(%error, client = %request.src(), "could not send the response");
+                unsent(metadata)
+            }
+        }
+    }
+
+    /// Relays `forwarded`, an upstream's answer, as the answer to `request`.
+    fn relay(request: &Request, forwarded: hickory_proto::op::Message) -> (Metadata, Reply) {
+        let mut metadata = Metadata::response_from_request(&request.metadata);
+        metadata.response_code = forwarded.metadata.response_code;
+        metadata.recursion_available = true;
+        let reply = Reply {
+            response_code: forwarded.metadata.response_code,
+            authoritative: false,
+            answers: forwarded.answers,
+            authorities: forwarded.authorities,
+            additionals: forwarded.additionals,
+        };
+        (metadata, reply)
+    }
+}
+
+fn unsent(metadata: Metadata) -> ResponseInfo {
+    ResponseInfo::from(Header { metadata, counts: HeaderCounts::default() })
+}
+
+#[async_trait::async_trait]
+impl RequestHandler for Handler {
+    async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, handle: R) -> ResponseInfo {
+        let zone = self.zone.current();
+        let queries = request.queries.queries();
+        let question = queries.first().map(LowerQuery::original);
+        let inquiry = Inquiry {
+            metadata: &request.metadata,
+            question_count: queries.len(),
+            question,
+            edns_version: request.edns.as_ref().map(Edns::version),
+        };
+        match respond(&zone, &inquiry) {
+            Outcome::Drop => unsent(Metadata::response_from_request(&request.metadata)),
+            Outcome::Reply(reply) => {
+                let metadata = response_metadata(&request.metadata, &reply);
+                Self::send(request, metadata, &reply, handle).await
+            }
+            Outcome::Chase { mut reply, target, query_type } => {
+                if let Some(forwarder) = &self.forwarder {
+                    match forwarder.resolve(&target, query_type).await {
+                        Ok(found) if found.metadata.response_code == ResponseCode::NoError => {
+                            reply.answers.extend(found.answers);
+                            reply.authorities.clear();
+                        }
+                        Ok(_) => {}
+                        Err(error) => debug!(%error, %target, "could not follow the CNAME upstream"),
+                    }
+                }
+                let mut metadata = response_metadata(&request.metadata, &reply);
+                metadata.recursion_available = self.forwarder.is_some();
+                Self::send(request, metadata, &reply, handle).await
+            }
+            Outcome::Forward => {
+                let (metadata, reply) = match (&self.forwarder, question) {
+                    (Some(forwarder), Some(question)) => match forwarder.forward(request.as_slice(), question).await {
+                        Ok(forwarded) => Self::relay(request, forwarded),
+                        Err(error) => {
+                            // Per query, so debug: a dead upstream would otherwise flood the log.
+                            debug!(%error, name = %question.name(), "forwarding failed; answering SERVFAIL");
+                            let reply = Reply::error(ResponseCode::ServFail);
+                            (response_metadata(&request.metadata, &reply), reply)
+                        }
+                    },
+                    _ => {
+                        let reply = Reply::error(ResponseCode::Refused);
+                        (response_metadata(&request.metadata, &reply), reply)
+                    }
+                };
+                Self::send(request, metadata, &reply, handle).await
+            }
+        }
+    }
+}
+
+/// A bound server: UDP and TCP on the same address and port.
+pub struct DnsServer {
+    server: Server<Handler>,
+    local_addr: SocketAddr,
+}
+
+impl std::fmt::Debug for DnsServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DnsServer").field("local_addr", &self.local_addr).finish_non_exhaustive()
+    }
+}
+
+impl DnsServer {
+    /// Binds UDP and TCP on `listen` (port 0: any port free for both). Needs a tokio runtime.
+    pub async fn bind(listen: SocketAddr, handler: Handler) -> io::Result<Self> {
+        let (udp, tcp) = bind_both(listen).await?;
+        let local_addr = udp.local_addr()?;
+        let mut server = Server::new(handler);
+        server.register_socket(udp);
+        server.register_listener(tcp, TCP_IDLE_TIMEOUT, 64);
+        Ok(Self { server, local_addr })
+    }
+
+    /// Where the server listens (UDP and TCP).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting and waits for the loops to end.
+    pub async fn run_until(mut self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
+        let token = self.server.shutdown_token().clone();
+        tokio::select! {
+            result = self.server.block_until_done() => {
+                return result.map_err(|error| io::Error::other(error.to_string()));
+            }
+            () = shutdown => token.cancel(),
+        }
+        self.server.block_until_done().await.map_err(|error| io::Error::other(error.to_string()))
+    }
+}
+
+async fn bind_both(listen: SocketAddr) -> io::Result<(UdpSocket, TcpListener)> {
+    let mut last_error = None;
+    for _ in 0..MAX_BIND_ATTEMPTS {
+        let udp = UdpSocket::bind(listen).await?;
+        let port = udp.local_addr()?.port();
+        match TcpListener::bind(SocketAddr::new(listen.ip(), port)).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            // With a fixed port there is nothing to retry.
+            Err(error) if listen.port() != 0 => return Err(error),
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| io::Error::other("no port free for both UDP and TCP")))
+}
