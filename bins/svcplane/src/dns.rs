@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use svcplane_controller::{AllocationRecord, Allocator, AllocatorConfig, NodePortRange};
+use svcplane_controller::Allocator;
 use svcplane_dns::{DnsServer, Forwarder, Handler, PodRecords, SharedZone, Zone, ZoneConfig};
 use svcplane_source::{
     ClusterObjects, DEFAULT_POLL_INTERVAL, DirectoryWatcher, Loaded, ManifestError, ObjectKind, ObjectRef, dns_view,
@@ -178,17 +178,7 @@ struct ZoneBuilder {
 
 impl ZoneBuilder {
     fn new(source: &SourceArgs, config: Arc<ZoneConfig>) -> anyhow::Result<Self> {
-        let node_port_range: NodePortRange =
-            source.node_port_range.parse().map_err(|e| anyhow::anyhow!("--node-port-range: {e}"))?;
-        let allocator_config = AllocatorConfig { service_cidrs: source.service_cidrs.clone(), node_port_range };
-        let mut allocator = Allocator::new(allocator_config).map_err(|e| anyhow::anyhow!("--service-cidr: {e}"))?;
-        if let Some(file) = &source.allocations_file
-            && file.exists()
-        {
-            let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-            let record = AllocationRecord::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-            allocator.restore(&record);
-        }
+        let allocator = crate::pipeline::allocator_from(source)?;
         Ok(Self {
             dir: source.manifests.clone(),
             config,

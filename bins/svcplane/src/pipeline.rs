@@ -33,17 +33,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     pub fn new(args: &SourceArgs) -> anyhow::Result<Self> {
-        let node_port_range: NodePortRange =
-            args.node_port_range.parse().map_err(|e| anyhow::anyhow!("--node-port-range: {e}"))?;
-        let config = AllocatorConfig { service_cidrs: args.service_cidrs.clone(), node_port_range };
-        let mut allocator = Allocator::new(config).map_err(|e| anyhow::anyhow!("--service-cidr: {e}"))?;
-        if let Some(file) = &args.allocations_file
-            && file.exists()
-        {
-            let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-            let record = AllocationRecord::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-            allocator.restore(&record);
-        }
+        let allocator = allocator_from(args)?;
         if !args.manifests.is_dir() {
             anyhow::bail!("--manifests: {} is not a directory", args.manifests.display());
         }
@@ -124,6 +114,22 @@ impl Pipeline {
             warn!("saving allocations to {}: {error}", file.display());
         }
     }
+}
+
+/// The allocator the flags describe, with the remembered allocations restored.
+pub fn allocator_from(args: &SourceArgs) -> anyhow::Result<Allocator> {
+    let node_port_range: NodePortRange =
+        args.node_port_range.parse().map_err(|e| anyhow::anyhow!("--node-port-range: {e}"))?;
+    let config = AllocatorConfig { service_cidrs: args.service_cidrs.clone(), node_port_range };
+    let mut allocator = Allocator::new(config).map_err(|e| anyhow::anyhow!("--service-cidr: {e}"))?;
+    if let Some(file) = &args.allocations_file
+        && file.exists()
+    {
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        let record = AllocationRecord::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        allocator.restore(&record);
+    }
+    Ok(allocator)
 }
 
 /// `svcplane controller --manifests DIR`: prints the allocated Services and the
