@@ -70,18 +70,20 @@ impl HealthServers {
     fn listen(&self, port: u16) -> std::io::Result<Listener> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
+        // IPv6 first: with the kernel's default (bindv6only=0) that one socket also takes
+        // IPv4, and the IPv4 bind then finds the port taken; with bindv6only=1 both bind.
+        // A node without IPv6 fails the first bind and serves IPv4 alone.
         let addresses =
-            [SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port), SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port)];
+            [SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port), SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port)];
+        let mut last_error = None;
         for address in addresses {
             let listener = match TcpListener::bind(address) {
                 Ok(listener) => listener,
-                // A node without IPv6 still serves IPv4 (and a dual-stack socket may
-                // already hold the v4 side).
-                Err(error) if address.is_ipv6() && !threads.is_empty() => {
+                Err(error) => {
                     tracing::debug!("health-check node port {port} on {address}: {error}");
+                    last_error = Some(error);
                     continue;
                 }
-                Err(error) => return Err(error),
             };
             listener.set_nonblocking(true)?;
             let stop = Arc::clone(&stop);
@@ -91,6 +93,9 @@ impl HealthServers {
                     .name(format!("health-{port}"))
                     .spawn(move || serve(&listener, port, &answers, &stop))?,
             );
+        }
+        if threads.is_empty() {
+            return Err(last_error.unwrap_or_else(|| std::io::Error::other("no address to listen on")));
         }
         Ok(Listener { stop, threads })
     }
@@ -153,7 +158,11 @@ mod tests {
     use super::*;
 
     fn get(port: u16) -> String {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        get_from("127.0.0.1", port)
+    }
+
+    fn get_from(host: &str, port: u16) -> String {
+        let mut stream = TcpStream::connect((host, port)).unwrap();
         stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
@@ -177,6 +186,18 @@ mod tests {
         ));
         servers.update(&BTreeMap::from([(service, HealthCheck { port, local_endpoints: 0 })]));
         assert!(get(port).starts_with("HTTP/1.1 503"), "the count follows the plan without a restart");
+    }
+
+    #[test]
+    fn the_health_check_answers_over_ipv6_too() {
+        let port = free_port();
+        let mut servers = HealthServers::default();
+        servers.update(&BTreeMap::from([(
+            NamespacedName::new("default", "web"),
+            HealthCheck { port, local_endpoints: 1 },
+        )]));
+        assert!(get_from("::1", port).starts_with("HTTP/1.1 200 OK"));
+        assert!(get_from("127.0.0.1", port).starts_with("HTTP/1.1 200 OK"));
     }
 
     #[test]

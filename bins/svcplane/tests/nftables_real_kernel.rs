@@ -2,7 +2,8 @@
 //! nftables rules in a namespace lab (needs root; see `shared/design/LAB.md`).
 //!
 //! Each test builds its own two-node lab with its own proxies, so tests run in parallel;
-//! the shared scenario table lives in `scenarios/`.
+//! the shared scenario table lives in `scenarios/` and also runs against the in-memory
+//! fake kernel (`nftables_fake_kernel.rs`).
 
 mod scenarios;
 
@@ -11,38 +12,113 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use scenarios::cluster::{Backend, Cluster, ECHO_SERVICE, POD_ON_THIS_NODE, ServiceSpec, THIS_NODE};
-use scenarios::{ALL_ECHO_PODS, check_rows, eventually};
+use scenarios::manifests::{CONVERSATION_PORT, ECHO_PORT};
+use scenarios::{ALL_ECHO_PODS, NodePortAddresses, Protocol, check_rows, eventually};
 
-const NFTABLES: Backend =
-    Backend { name: "nftables", proxy_args: &["--mode", "nftables"], diagnostics: &[&["nft", "list", "ruleset"]] };
+const NFTABLES: Backend = Backend {
+    name: "nftables",
+    proxy_args: &["--mode", "nftables"],
+    diagnostics: &[&["nft", "list", "ruleset"]],
+    ruleset: &["nft", "list", "ruleset"],
+};
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+fn check_table(rows: &[scenarios::Scenario]) {
+    let cluster = Cluster::start(NFTABLES);
+    check_rows(&cluster, rows);
+    cluster.teardown();
+}
+
 #[test]
 fn pods_the_node_and_an_external_client_reach_a_service_through_its_cluster_ip_and_node_port() {
-    let cluster = Cluster::start(NFTABLES);
-    check_rows(&cluster, scenarios::REACHABILITY);
-    cluster.teardown();
+    check_table(scenarios::REACHABILITY);
 }
 
 #[test]
 fn a_service_without_endpoints_is_refused_at_once_from_a_pod_the_node_and_outside_in_both_families() {
-    let cluster = Cluster::start(NFTABLES);
-    check_rows(&cluster, scenarios::NO_ENDPOINTS);
-    cluster.teardown();
+    check_table(scenarios::NO_ENDPOINTS);
 }
 
 #[test]
 fn local_traffic_policies_keep_traffic_on_the_node_or_drop_it() {
-    let cluster = Cluster::start(NFTABLES);
-    check_rows(&cluster, scenarios::TRAFFIC_POLICY);
+    check_table(scenarios::TRAFFIC_POLICY);
+}
+
+#[test]
+fn load_balancer_ips_are_served_like_node_ports_within_their_source_ranges_unless_proxied() {
+    check_table(scenarios::LOAD_BALANCER);
+}
+
+#[test]
+fn external_ips_are_served_like_load_balancer_ips() {
+    check_table(scenarios::EXTERNAL_IPS);
+}
+
+#[test]
+fn health_check_node_ports_answer_with_the_local_endpoint_count() {
+    check_table(scenarios::HEALTH_CHECKS);
+}
+
+#[test]
+fn terminating_endpoints_are_used_only_when_none_is_ready() {
+    check_table(scenarios::TERMINATING);
+}
+
+#[test]
+fn topology_keeps_traffic_close_with_upstreams_fallbacks() {
+    check_table(scenarios::TOPOLOGY);
+}
+
+#[test]
+fn headless_external_name_and_other_proxies_services_are_not_programmed() {
+    check_table(scenarios::IGNORED);
+}
+
+#[test]
+fn sctp_services_work_where_the_kernel_has_sctp() {
+    if let Err(reason) = scenarios::net::sctp_supported() {
+        for row in scenarios::SCTP.iter().flat_map(scenarios::Scenario::each_family) {
+            eprintln!("SKIPPED on this kernel ({reason}): {}", row.label());
+        }
+        return;
+    }
+    let pods: &'static [&'static str] = scenarios::ALL_ECHO_PODS;
+    let cluster = Cluster::builder(NFTABLES).line_servers(Protocol::Sctp, ECHO_PORT, pods).start();
+    check_rows(&cluster, scenarios::SCTP);
     cluster.teardown();
 }
 
 #[test]
-fn a_dual_stack_service_answers_over_ipv6_as_over_ipv4() {
-    let cluster = Cluster::start(NFTABLES);
-    check_rows(&cluster, scenarios::IPV6);
+fn node_ports_answer_on_every_node_address_but_loopback_by_default() {
+    check_table(scenarios::NODEPORT_ADDRESSES_DEFAULT);
+}
+
+#[test]
+fn node_ports_answer_only_on_the_primary_address_with_nodeport_addresses_primary() {
+    let cluster = Cluster::builder(NFTABLES).node_port_addresses(NodePortAddresses::Primary).start();
+    check_rows(&cluster, scenarios::NODEPORT_ADDRESSES_PRIMARY);
+    cluster.teardown();
+}
+
+#[test]
+fn node_ports_answer_only_inside_nodeport_addresses_cidrs() {
+    let cluster = Cluster::builder(NFTABLES).node_port_addresses(NodePortAddresses::SecondaryOnly).start();
+    check_rows(&cluster, scenarios::NODEPORT_ADDRESSES_CIDRS);
+    cluster.teardown();
+}
+
+#[test]
+fn client_ip_affinity_sticks_until_the_timeout() {
+    check_table(scenarios::AFFINITY);
+}
+
+#[test]
+fn endpoint_changes_remove_stale_udp_flows_and_keep_flows_to_terminating_endpoints() {
+    let cluster = Cluster::builder(NFTABLES)
+        .line_servers(Protocol::Tcp, CONVERSATION_PORT, &["node1-pod1", "node2-pod2"])
+        .start();
+    check_rows(&cluster, scenarios::ENDPOINT_CHANGES);
     cluster.teardown();
 }
 

@@ -292,11 +292,18 @@ fn endpoint_chain_rules(chain: &str, plan: &ServicePortPlan, set: EndpointSetKin
                 dynamic_timeout: Some(affinity.timeout),
                 comment: None,
             });
+            // Each new connection of a known client renews its entry, so affinity lasts
+            // until the client has been quiet for the timeout.
             rules.push(Rule {
                 chain: chain.to_owned(),
                 statements: vec![
-                    Statement::Match(Match::InSet { keys: vec![Expr::SourceAddress], negate: false, set: set_name }),
+                    Statement::Match(Match::InSet {
+                        keys: vec![Expr::SourceAddress],
+                        negate: false,
+                        set: set_name.clone(),
+                    }),
                     l4proto(),
+                    Statement::UpdateSet { keys: vec![Expr::SourceAddress], set: set_name },
                     dnat(endpoint),
                 ],
                 comment: None,

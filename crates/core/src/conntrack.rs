@@ -30,8 +30,10 @@ pub struct StaleUdpFlows {
     pub keep_replies_from: BTreeSet<SocketAddr>,
 }
 
+/// Flows to any serving endpoint stay valid, whatever policy or topology now prefers, so
+/// an established UDP exchange ends like a TCP connection would: when the endpoint goes.
 fn serving(plan: Option<&ServicePortPlan>) -> BTreeSet<SocketAddr> {
-    plan.map(|p| p.cluster_endpoints.iter().chain(&p.local_endpoints).copied().collect()).unwrap_or_default()
+    plan.map(|p| p.serving_endpoints.iter().copied().collect()).unwrap_or_default()
 }
 
 fn is_udp(plan: Option<&ServicePortPlan>) -> bool {
@@ -136,6 +138,23 @@ mod tests {
     #[test]
     fn adding_an_endpoint_to_a_udp_service_that_had_one_needs_no_cleanup() {
         assert!(cleanups(Protocol::Udp, &["198.18.129.2"], &["198.18.129.2", "198.18.129.3"]).is_empty());
+    }
+
+    #[test]
+    fn a_udp_endpoint_that_is_terminating_but_serving_keeps_its_flows() {
+        let config = NodeConfig { node_name: "node1".into(), ..NodeConfig::default() };
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(dns_service(Protocol::Udp)));
+        state.apply(Change::SliceUpserted(slice(Protocol::Udp, &["198.18.129.2", "198.18.129.3"])));
+        let mut plan = NodePlan::build(&state, config);
+        state.take_changes();
+        let mut draining = slice(Protocol::Udp, &["198.18.129.2", "198.18.129.3"]);
+        draining.endpoints[0].ready = false;
+        draining.endpoints[0].terminating = true;
+        state.apply(Change::SliceUpserted(draining));
+        let changes = state.take_changes();
+        let changed = plan.update(&state, &changes);
+        assert!(stale_udp_flows(&plan, &changed).is_empty(), "no endpoint stopped serving");
     }
 
     #[test]

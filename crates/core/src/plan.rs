@@ -115,6 +115,9 @@ pub struct ServicePortPlan {
     pub frontends: Vec<Frontend>,
     pub cluster_endpoints: Vec<SocketAddr>,
     pub local_endpoints: Vec<SocketAddr>,
+    /// Every serving endpoint of this family, whatever policy, topology or termination
+    /// says: conntrack flows to these stay valid (UDP keeps behaving like TCP).
+    pub serving_endpoints: Vec<SocketAddr>,
     pub affinity: Option<ClientIpAffinity>,
 }
 
@@ -157,7 +160,7 @@ pub struct NodePlan {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HealthCheck {
     pub port: u16,
-    /// Distinct local endpoint addresses across the Service's ports and families.
+    /// Distinct local endpoint addresses across the Service's ports, in its primary family.
     pub local_endpoints: usize,
 }
 
@@ -239,7 +242,10 @@ fn health_check(service: &Service, ports: &BTreeMap<PlanKey, ServicePortPlan>) -
     if service.service_type != ServiceType::LoadBalancer || service.external_traffic_policy != TrafficPolicy::Local {
         return None;
     }
-    let local: BTreeSet<IpAddr> = ports.values().flat_map(|p| p.local_endpoints.iter().map(|e| e.ip())).collect();
+    // Counted in the primary family only, as kube-proxy does: a dual-stack pod is one endpoint.
+    let primary = service.cluster_ips.first().map(IpFamily::of)?;
+    let local: BTreeSet<IpAddr> =
+        ports.values().filter(|p| p.family == primary).flat_map(|p| p.local_endpoints.iter().map(|e| e.ip())).collect();
     Some(HealthCheck { port, local_endpoints: local.len() })
 }
 
@@ -309,6 +315,7 @@ fn plan_service(
                     frontends,
                     cluster_endpoints: selection.cluster,
                     local_endpoints: selection.local,
+                    serving_endpoints: of_family.iter().filter(|e| e.endpoint.serving).map(|e| e.address).collect(),
                     affinity: service.session_affinity,
                 },
             );

@@ -1,49 +1,31 @@
-//! The fixture every scenario runs in: a two-node lab (two echo pods and one client pod per
-//! node, one external client routed via node1), a manifests directory describing it, and
-//! the real `svcplane proxy` running in each node's namespace with the backend under test.
+//! The real-kernel fixture every scenario runs in: a two-node lab (two echo pods and one
+//! client pod per node, two external clients routed via node1), the manifests directory of
+//! [`super::manifests`], and the real `svcplane proxy` running in each node's namespace
+//! with the backend under test.
 //!
 //! Dropping a [`Cluster`] kills the proxies, deletes the lab's namespaces and the temporary
 //! directory, also when a test panics.
 
 use std::fmt::Write as _;
 use std::fs::File;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use svcplane_testbed::{Lab, Pod};
+use svcplane_testbed::Lab;
 
-use crate::scenarios::{Protocol, eventually};
+use super::manifests::{self, LAB_PODS};
+pub use super::manifests::{
+    CLIENT_INSIDE_RANGES, CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, ECHO_PORT, ECHO_SERVICE, OTHER_NODE, POD_ON_OTHER_NODE,
+    POD_ON_THIS_NODE, SERVICE_CIDR_V4, SERVICE_CIDR_V6, ServiceSpec, THIS_NODE,
+};
+use super::net::LineServers;
+use super::{Family, NodePortAddresses, Protocol, eventually};
 
-/// The node whose proxy serves external traffic and the pods on it.
-pub const THIS_NODE: u16 = 1;
-/// The other node; its own proxy serves its pods.
-pub const OTHER_NODE: u16 = 2;
-/// Pods that back no Service, the senders of pod rows.
-pub const POD_ON_THIS_NODE: &str = "node1-client";
-pub const POD_ON_OTHER_NODE: &str = "node2-client";
-/// An endpoint of every `app: echo` Service, the sender of hairpin rows.
-pub const ENDPOINT_POD_ON_THIS_NODE: &str = "node1-pod1";
-
-/// Where every echo server listens (all pods run one).
-pub const ECHO_PORT: u16 = 8080;
-/// The port of every Service (TCP and UDP).
-pub const SERVICE_PORT: u16 = 80;
 /// How long the proxies get to program the node after they start.
 pub const PROGRAMMED_WITHIN: Duration = Duration::from_secs(10);
-
-pub const SERVICE_CIDR_V4: &str = "198.19.0.0/16";
-pub const SERVICE_CIDR_V6: &str = "2001:db8:f::/108";
-pub const CLUSTER_CIDR_V4: &str = "198.18.128.0/17";
-pub const CLUSTER_CIDR_V6: &str = "2001:db8:1::/48";
-
-pub const ECHO_SERVICE: &str = "echo";
-pub const EMPTY_SERVICE: &str = "empty";
-pub const EXTERNAL_LOCAL_SERVICE: &str = "external-local";
-pub const OTHER_NODE_EXTERNAL_LOCAL_SERVICE: &str = "node2-external-local";
-pub const OTHER_NODE_INTERNAL_LOCAL_SERVICE: &str = "node2-internal-local";
 
 /// How a backend is selected on the proxy's command line, and what to print about the node
 /// when a scenario fails.
@@ -54,159 +36,28 @@ pub struct Backend {
     pub proxy_args: &'static [&'static str],
     /// Commands run in node1's namespace for a failure report (e.g. `nft list ruleset`).
     pub diagnostics: &'static [&'static [&'static str]],
+    /// The command that prints what the backend programmed on a node, for rows that check
+    /// that something is *not* programmed.
+    pub ruleset: &'static [&'static str],
 }
 
-/// One port of a Service: TCP and UDP Services ports are both [`SERVICE_PORT`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PortSpec {
-    pub port: u16,
-    pub node_port: Option<u16>,
-}
-
-/// A Service of the fixture: one TCP and one UDP port to the echo servers, explicit
-/// addresses so tests know them without asking the proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServiceSpec {
-    pub name: &'static str,
-    pub cluster_ip_v4: Ipv4Addr,
-    /// With one, the Service is `PreferDualStack` with both families.
-    pub cluster_ip_v6: Option<Ipv6Addr>,
-    /// Pods whose labels hold all of these.
-    pub selector: &'static [(&'static str, &'static str)],
-    /// `(tcp, udp)` nodePorts; with them, the Service is `type: NodePort`.
-    pub node_ports: Option<(u16, u16)>,
-    pub internal_traffic_local: bool,
-    pub external_traffic_local: bool,
-}
-
-impl ServiceSpec {
-    /// A single-stack ClusterIP Service in front of every echo pod.
-    pub const fn cluster_ip(name: &'static str, ip: Ipv4Addr) -> Self {
-        Self {
-            name,
-            cluster_ip_v4: ip,
-            cluster_ip_v6: None,
-            selector: &[("app", "echo")],
-            node_ports: None,
-            internal_traffic_local: false,
-            external_traffic_local: false,
-        }
-    }
-
-    pub fn port_for(&self, protocol: Protocol) -> PortSpec {
-        let node_port = self.node_ports.map(|(tcp, udp)| match protocol {
-            Protocol::Tcp => tcp,
-            Protocol::Udp => udp,
-        });
-        PortSpec { port: SERVICE_PORT, node_port }
-    }
-
-    /// The ClusterIP address and Service port of a family.
-    pub fn cluster_ip_address(&self, v6: bool) -> Option<SocketAddr> {
-        let ip = if v6 { self.cluster_ip_v6.map(IpAddr::V6) } else { Some(IpAddr::V4(self.cluster_ip_v4)) };
-        ip.map(|ip| SocketAddr::new(ip, SERVICE_PORT))
-    }
-
-    /// The Service as a manifest.
-    pub fn manifest(&self) -> String {
-        let mut text =
-            format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: {}\n  namespace: default\nspec:\n", self.name);
-        let service_type = if self.node_ports.is_some() { "NodePort" } else { "ClusterIP" };
-        let _ = writeln!(text, "  type: {service_type}");
-        match self.cluster_ip_v6 {
-            Some(v6) => {
-                let _ = writeln!(
-                    text,
-                    "  ipFamilyPolicy: PreferDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIP: \"{v4}\"\n  clusterIPs: [\"{v4}\", \"{v6}\"]",
-                    v4 = self.cluster_ip_v4
-                );
+/// The `--nodeport-addresses` flags of a configuration.
+pub fn node_port_address_args(addresses: NodePortAddresses, node: u16) -> Vec<String> {
+    match addresses {
+        NodePortAddresses::Default => Vec::new(),
+        NodePortAddresses::Primary => vec!["--nodeport-addresses".to_owned(), "primary".to_owned()],
+        NodePortAddresses::SecondaryOnly => {
+            let mut args = Vec::new();
+            for family in [Family::V4, Family::V6] {
+                let ip = manifests::node_secondary_ip(node, family);
+                let length = if ip.is_ipv4() { 32 } else { 128 };
+                args.push("--nodeport-addresses".to_owned());
+                args.push(format!("{ip}/{length}"));
             }
-            None => {
-                let _ = writeln!(
-                    text,
-                    "  ipFamilyPolicy: SingleStack\n  ipFamilies: [IPv4]\n  clusterIP: \"{v4}\"\n  clusterIPs: [\"{v4}\"]",
-                    v4 = self.cluster_ip_v4
-                );
-            }
+            args
         }
-        text.push_str("  selector:\n");
-        for (key, value) in self.selector {
-            let _ = writeln!(text, "    {key}: {value}");
-        }
-        let policy = |local: bool| if local { "Local" } else { "Cluster" };
-        let _ = writeln!(text, "  internalTrafficPolicy: {}", policy(self.internal_traffic_local));
-        if self.node_ports.is_some() {
-            let _ = writeln!(text, "  externalTrafficPolicy: {}", policy(self.external_traffic_local));
-        }
-        text.push_str("  ports:\n");
-        for (name, protocol) in [("tcp", Protocol::Tcp), ("udp", Protocol::Udp)] {
-            let port = self.port_for(protocol);
-            let _ = writeln!(
-                text,
-                "    - name: {name}\n      protocol: {}\n      port: {}\n      targetPort: {ECHO_PORT}",
-                protocol.to_string().to_uppercase(),
-                port.port
-            );
-            if let Some(node_port) = port.node_port {
-                let _ = writeln!(text, "      nodePort: {node_port}");
-            }
-        }
-        text
     }
 }
-
-/// The Services every cluster starts with.
-pub const SERVICES: &[ServiceSpec] = &[
-    // Dual-stack NodePort in front of all four echo pods.
-    ServiceSpec {
-        name: ECHO_SERVICE,
-        cluster_ip_v4: Ipv4Addr::new(198, 19, 0, 10),
-        cluster_ip_v6: Some(Ipv6Addr::new(0x2001, 0xdb8, 0xf, 0, 0, 0, 0, 0x10)),
-        selector: &[("app", "echo")],
-        node_ports: Some((30080, 30081)),
-        internal_traffic_local: false,
-        external_traffic_local: false,
-    },
-    // A selector that matches no pod.
-    ServiceSpec {
-        name: EMPTY_SERVICE,
-        cluster_ip_v4: Ipv4Addr::new(198, 19, 0, 20),
-        cluster_ip_v6: Some(Ipv6Addr::new(0x2001, 0xdb8, 0xf, 0, 0, 0, 0, 0x20)),
-        selector: &[("app", "nobody")],
-        node_ports: Some((30090, 30091)),
-        internal_traffic_local: false,
-        external_traffic_local: false,
-    },
-    ServiceSpec {
-        name: EXTERNAL_LOCAL_SERVICE,
-        cluster_ip_v4: Ipv4Addr::new(198, 19, 0, 30),
-        cluster_ip_v6: None,
-        selector: &[("app", "echo")],
-        node_ports: Some((30100, 30101)),
-        internal_traffic_local: false,
-        external_traffic_local: true,
-    },
-    // Endpoints only on node2, external traffic kept local: node1 has none for outsiders.
-    ServiceSpec {
-        name: OTHER_NODE_EXTERNAL_LOCAL_SERVICE,
-        cluster_ip_v4: Ipv4Addr::new(198, 19, 0, 40),
-        cluster_ip_v6: None,
-        selector: &[("app", "echo"), ("node", "node2")],
-        node_ports: Some((30110, 30111)),
-        internal_traffic_local: false,
-        external_traffic_local: true,
-    },
-    // Endpoints only on node2, internal traffic kept local: node1's pods have none.
-    ServiceSpec {
-        name: OTHER_NODE_INTERNAL_LOCAL_SERVICE,
-        cluster_ip_v4: Ipv4Addr::new(198, 19, 0, 50),
-        cluster_ip_v6: None,
-        selector: &[("app", "echo"), ("node", "node2")],
-        node_ports: None,
-        internal_traffic_local: true,
-        external_traffic_local: false,
-    },
-];
 
 /// A `svcplane proxy` in one node namespace, its stderr going to a file.
 #[derive(Debug)]
@@ -234,12 +85,26 @@ impl Proxy {
 pub struct ClusterBuilder {
     backend: Backend,
     extra_files: Vec<(String, String)>,
+    node_port_addresses: NodePortAddresses,
+    line_servers: Vec<(Protocol, u16, &'static [&'static str])>,
 }
 
 impl ClusterBuilder {
     /// One more manifest file, written before the proxies start.
     pub fn manifest(mut self, file: &str, text: &str) -> Self {
         self.extra_files.push((file.to_owned(), text.to_owned()));
+        self
+    }
+
+    /// Where the proxies answer NodePorts.
+    pub fn node_port_addresses(mut self, addresses: NodePortAddresses) -> Self {
+        self.node_port_addresses = addresses;
+        self
+    }
+
+    /// Line servers (see [`LineServers`]) on `port` in `pods`, before the proxies start.
+    pub fn line_servers(mut self, protocol: Protocol, port: u16, pods: &'static [&'static str]) -> Self {
+        self.line_servers.push((protocol, port, pods));
         self
     }
 
@@ -251,28 +116,49 @@ impl ClusterBuilder {
             .pods_per_node(2)
             .pod(THIS_NODE, POD_ON_THIS_NODE)
             .pod(OTHER_NODE, POD_ON_OTHER_NODE)
-            .clients(1)
+            .clients(manifests::CLIENTS)
             .build()
             .expect("building the lab (needs root)");
         let dir = TempDir::new(lab.prefix());
         let mut cluster = Cluster {
             backend: self.backend,
-            services: SERVICES.to_vec(),
+            node_port_addresses: self.node_port_addresses,
+            services: manifests::SERVICES.to_vec(),
             proxies: Vec::new(),
+            line_servers: Vec::new(),
             lab: Some(lab),
             manifests: dir.path().join("manifests"),
             dir,
         };
         let lab = cluster.lab();
+        for pod in LAB_PODS {
+            let lab_pod = lab.pod(pod.name);
+            assert_eq!(lab_pod.node(), pod.node, "the lab puts {} where the manifests say", pod.name);
+            assert_eq!(
+                lab_pod.ips(),
+                [manifests::pod_ip(pod.name, Family::V4), manifests::pod_ip(pod.name, Family::V6)],
+                "the lab gives {} the addresses the manifests say",
+                pod.name
+            );
+        }
         lab.start_echo_in_all_pods(ECHO_PORT, Path::new(env!("CARGO_BIN_EXE_svcplane"))).expect("echo servers");
-        lab.route_cluster_ranges_via(1, THIS_NODE).expect("routing the client via node1");
+        for client in 1..=manifests::CLIENTS {
+            lab.route_cluster_ranges_via(client, THIS_NODE).expect("routing the clients via node1");
+        }
+        prepare_lab(lab);
+        let servers: Vec<LineServers> = self
+            .line_servers
+            .iter()
+            .map(|(protocol, port, pods)| {
+                LineServers::start(lab, pods, *protocol, *port)
+                    .unwrap_or_else(|error| panic!("starting {protocol} line servers: {error}"))
+            })
+            .collect();
+        cluster.line_servers = servers;
 
         std::fs::create_dir_all(&cluster.manifests).expect("manifests directory");
-        cluster.write_file("nodes.yaml", &nodes_manifest(lab));
-        let services: String = SERVICES.iter().map(|s| format!("---\n{}", s.manifest())).collect();
-        cluster.write_file("services.yaml", &services);
-        for pod in lab.pods() {
-            cluster.write_file(&pod_file(pod.name()), &pod_manifest(pod, true));
+        for (file, text) in manifests::initial_files() {
+            cluster.write_file(&file, &text);
         }
         for (file, text) in &self.extra_files {
             cluster.write_file(file, text);
@@ -286,12 +172,52 @@ impl ClusterBuilder {
     }
 }
 
+/// What the lab needs beyond the testbed's standard wiring:
+/// - each node's secondary LAN address (a /32 and a deprecated /128, never picked as a
+///   source), where NodePorts answer by default;
+/// - client 1's extra addresses, one affinity client each;
+/// - no per-destination ICMP rate limit on the nodes, so every refusal of every row comes
+///   back at once however many rows run.
+fn prepare_lab(lab: &Lab) {
+    for node in lab.nodes() {
+        let namespace = node.namespace_name();
+        let v4 = manifests::node_secondary_ip(node.index(), Family::V4);
+        let v6 = manifests::node_secondary_ip(node.index(), Family::V6);
+        let commands: [Vec<String>; 4] = [
+            ["ip", "address", "add", &format!("{v4}/32"), "dev", node.lan_interface()].map(String::from).to_vec(),
+            ["ip", "address", "add", &format!("{v6}/128"), "dev", node.lan_interface(), "nodad", "preferred_lft", "0"]
+                .map(String::from)
+                .to_vec(),
+            ["sysctl", "-qw", "net.ipv4.icmp_ratelimit=0"].map(String::from).to_vec(),
+            ["sysctl", "-qw", "net.ipv6.icmp.ratelimit=0"].map(String::from).to_vec(),
+        ];
+        for command in commands {
+            lab.exec_ok(namespace, &command).unwrap_or_else(|error| panic!("preparing {}: {error}", node.name()));
+        }
+    }
+    let client = lab.client(CLIENT_INSIDE_RANGES);
+    for family in [Family::V4, Family::V6] {
+        for ip in manifests::affinity_client_ips(family) {
+            let (address, extra): (String, &[&str]) = match ip {
+                std::net::IpAddr::V4(_) => (format!("{ip}/24"), &[]),
+                // Deprecated, so the client's other rows keep sending from its main address.
+                std::net::IpAddr::V6(_) => (format!("{ip}/64"), &["nodad", "preferred_lft", "0"]),
+            };
+            let mut command = vec!["ip", "address", "add", &address, "dev", svcplane_testbed::OUTSIDE_INTERFACE];
+            command.extend(extra);
+            lab.exec_ok(client.namespace_name(), &command).unwrap_or_else(|error| panic!("client addresses: {error}"));
+        }
+    }
+}
+
 /// The running fixture. See the module documentation.
 #[derive(Debug)]
 pub struct Cluster {
     backend: Backend,
+    node_port_addresses: NodePortAddresses,
     services: Vec<ServiceSpec>,
     proxies: Vec<Proxy>,
+    line_servers: Vec<LineServers>,
     /// Always `Some` until [`Cluster::teardown`] takes it.
     lab: Option<Lab>,
     manifests: PathBuf,
@@ -300,7 +226,12 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn builder(backend: Backend) -> ClusterBuilder {
-        ClusterBuilder { backend, extra_files: Vec::new() }
+        ClusterBuilder {
+            backend,
+            extra_files: Vec::new(),
+            node_port_addresses: NodePortAddresses::Default,
+            line_servers: Vec::new(),
+        }
     }
 
     /// The standard cluster.
@@ -314,6 +245,10 @@ impl Cluster {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    pub fn node_port_addresses(&self) -> NodePortAddresses {
+        self.node_port_addresses
     }
 
     pub fn service(&self, name: &str) -> Option<&ServiceSpec> {
@@ -355,8 +290,13 @@ impl Cluster {
 
     /// Rewrites a pod's manifest with its Ready condition set to `ready`.
     pub fn set_pod_ready(&self, pod: &str, ready: bool) {
-        let pod = self.lab().pod(pod);
-        self.write_file(&pod_file(pod.name()), &pod_manifest(pod, ready));
+        self.write_file(&manifests::pod_file(pod), &manifests::lab_pod_manifest(pod, ready));
+    }
+
+    /// What the backend programmed on `node` (its ruleset command's output).
+    pub fn ruleset(&self, node: u16) -> Result<String, String> {
+        let namespace = self.lab().node(node).namespace_name().to_owned();
+        self.lab().exec_ok(&namespace, self.backend.ruleset).map_err(|error| error.to_string())
     }
 
     /// The proxies' logs and the backend's diagnostics, for failure messages.
@@ -391,6 +331,7 @@ impl Cluster {
         for proxy in &mut self.proxies {
             proxy.stop();
         }
+        self.line_servers.clear();
         let lab = self.lab.take().expect("the lab runs until teardown");
         let prefix = lab.prefix().to_owned();
         lab.teardown().expect("removing the lab");
@@ -407,7 +348,7 @@ impl Cluster {
         let log = self.dir.path().join(format!("proxy-node{node}.log"));
         let [ip_v4, ip_v6] = node_ref.ips().map(|ip| ip.to_string());
         let manifests = self.manifests.to_string_lossy().into_owned();
-        let mut args: Vec<&str> = vec![
+        let mut args: Vec<String> = [
             env!("CARGO_BIN_EXE_svcplane"),
             "proxy",
             "--manifests",
@@ -426,8 +367,11 @@ impl Cluster {
             SERVICE_CIDR_V4,
             "--service-cidr",
             SERVICE_CIDR_V6,
-        ];
-        args.extend(self.backend.proxy_args);
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(node_port_address_args(self.node_port_addresses, node));
+        args.extend(self.backend.proxy_args.iter().map(|arg| (*arg).to_owned()));
         let mut command = lab.command(node_ref.namespace_name(), &args).expect("a node namespace of the lab");
         let stderr = File::create(&log).expect("creating the proxy log");
         command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr);
@@ -479,64 +423,14 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         // Proxies first, so none rewrites rules while the lab goes away; the lab's own drop
-        // would kill them too.
+        // would kill them too. The line servers' sockets live in pod namespaces: close them
+        // before those go.
         for proxy in &mut self.proxies {
             proxy.stop();
         }
+        self.line_servers.clear();
         self.lab.take();
     }
-}
-
-fn pod_file(pod: &str) -> String {
-    format!("pod-{pod}.yaml")
-}
-
-/// A Pod as the kubelet would report it: scheduled, running, both lab addresses. Echo pods
-/// are `app: echo`; client pods back no Service.
-fn pod_manifest(pod: &Pod, ready: bool) -> String {
-    let app = if pod.name().contains("-client") { "client" } else { "echo" };
-    let (name, node, v4, v6) = (pod.name(), pod.node(), pod.ip_v4(), pod.ip_v6());
-    let ready = if ready { "True" } else { "False" };
-    [
-        "apiVersion: v1".to_owned(),
-        "kind: Pod".to_owned(),
-        "metadata:".to_owned(),
-        format!("  name: {name}"),
-        "  namespace: default".to_owned(),
-        "  labels:".to_owned(),
-        format!("    app: {app}"),
-        format!("    node: node{node}"),
-        "spec:".to_owned(),
-        format!("  nodeName: node{node}"),
-        "  containers:".to_owned(),
-        "    - name: echo".to_owned(),
-        "      image: svcplane/echo".to_owned(),
-        "status:".to_owned(),
-        "  phase: Running".to_owned(),
-        format!("  podIP: \"{v4}\""),
-        "  podIPs:".to_owned(),
-        format!("    - ip: \"{v4}\""),
-        format!("    - ip: \"{v6}\""),
-        "  conditions:".to_owned(),
-        "    - type: Ready".to_owned(),
-        format!("      status: \"{ready}\""),
-        String::new(),
-    ]
-    .join("\n")
-}
-
-fn nodes_manifest(lab: &Lab) -> String {
-    let mut text = String::new();
-    for node in lab.nodes() {
-        let _ = write!(
-            text,
-            "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\nstatus:\n  addresses:\n    - type: InternalIP\n      address: \"{v4}\"\n    - type: InternalIP\n      address: \"{v6}\"\n",
-            name = node.name(),
-            v4 = node.ip_v4(),
-            v6 = node.ip_v6(),
-        );
-    }
-    text
 }
 
 /// A directory of its own per cluster (the lab prefix is unique among live labs), removed

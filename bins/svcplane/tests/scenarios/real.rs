@@ -1,0 +1,750 @@
+//! Runs scenario rows with real packets in a [`Cluster`]: each row (once per family)
+//! becomes probes from the sender's namespace, checked against the row's outcome. Rows run
+//! concurrently (bounded), rows that change endpoints run grouped by Service around the
+//! change, and every loop is bounded in count and time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use svcplane_testbed::EchoReply;
+
+use super::cluster::Cluster;
+use super::manifests::{self, CLIENT_INSIDE_RANGES, CLIENT_OUTSIDE_RANGES, ServiceSpec, THIS_NODE};
+use super::net::{self, Conversation, Failure};
+use super::{Frontend, Outcome, Protocol, Scenario, Sender, SourceSeen};
+
+/// A Rejected row's probes must fail within this.
+pub const REJECT_WITHIN: Duration = Duration::from_secs(1);
+/// After an endpoint change, flows must have followed it within this.
+pub const CHANGE_WITHIN: Duration = Duration::from_secs(5);
+/// Time limit of one probe that should be answered or refused: long enough that a refusal
+/// arriving in time is told apart from a timeout.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time limit of one probe of a Dropped or NotServed row (the row waits this long per probe).
+const DROP_TIMEOUT: Duration = Duration::from_millis(800);
+/// Probes of an Answered row: at least this many, then until every expected pod answered,
+/// at most the maximum. With 4 uniform endpoints, missing one in 100 probes has odds of
+/// about 1e-12, so the bound cannot flake.
+const MIN_ANSWER_PROBES: usize = 6;
+const MAX_ANSWER_PROBES: usize = 100;
+/// The nodes send refusals without a rate limit (the fixture turns it off), so two probes a
+/// row show a refusal is not a one-off.
+const REJECT_PROBES: usize = 2;
+const DROP_PROBES: usize = 2;
+/// No row may take longer than this, whatever the probes do.
+const ROW_DEADLINE: Duration = Duration::from_secs(20);
+/// Rows running at once in one cluster.
+const PARALLEL_ROWS: usize = 8;
+
+/// A row resolved against the fixture, independent of how it is run: who sends what where.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// "pod node1-client", "node node1", "external client1", for messages.
+    pub sender: String,
+    pub sender_pod: Option<&'static str>,
+    /// The external client's number, when the sender is one.
+    pub client: Option<u16>,
+    /// The sender's own address of the row's family.
+    pub client_ip: IpAddr,
+    /// The node whose proxy handles the traffic first: the sender's node for pods and the
+    /// node itself, this node for external clients.
+    pub entry_node: u16,
+    /// Where the probe goes; `None` when the Service has no address of that kind and family
+    /// (headless, ExternalName): only rule checks apply then.
+    pub target: Option<SocketAddr>,
+    /// The port the pods listen on behind the Service.
+    pub target_port: u16,
+}
+
+/// Resolves `row` (of one family) against the fixture's `service`.
+pub fn resolve(row: &Scenario, service: &ServiceSpec) -> Result<Resolved, String> {
+    let family = row.family;
+    let pod_sender = |name: &'static str| {
+        let pod = manifests::lab_pod(name);
+        (format!("pod {name}"), Some(name), None, manifests::pod_ip(name, family), pod.node)
+    };
+    let client_sender = |client: u16| {
+        (format!("external client{client}"), None, Some(client), manifests::client_ip(client, family), THIS_NODE)
+    };
+    let (sender, sender_pod, client, client_ip, entry_node) = match row.from {
+        Sender::PodOnThisNode => pod_sender(manifests::POD_ON_THIS_NODE),
+        Sender::EndpointPodOnThisNode => pod_sender(manifests::ENDPOINT_POD_ON_THIS_NODE),
+        Sender::PodOnOtherNode => pod_sender(manifests::POD_ON_OTHER_NODE),
+        Sender::ThisNode => {
+            (format!("node node{THIS_NODE}"), None, None, manifests::node_ip(THIS_NODE, family), THIS_NODE)
+        }
+        Sender::ExternalClient | Sender::ExternalClientInsideRange => client_sender(CLIENT_INSIDE_RANGES),
+        Sender::ExternalClientOutsideRange => client_sender(CLIENT_OUTSIDE_RANGES),
+    };
+    let node_port = || {
+        service
+            .node_port(row.protocol)
+            .ok_or_else(|| format!("Service {} has no {} nodePort", service.name, row.protocol))
+    };
+    let first = |ips: Vec<IpAddr>, what: &str| {
+        ips.first().copied().ok_or_else(|| format!("Service {} has no {what} of the family", service.name))
+    };
+    let port = manifests::SERVICE_PORT;
+    let target = match row.to {
+        Frontend::ClusterIp => service.address(family).map(|ip| SocketAddr::new(ip, port)),
+        Frontend::NodePort => Some(SocketAddr::new(manifests::node_ip(THIS_NODE, family), node_port()?)),
+        Frontend::NodePortOnSecondaryAddress => {
+            Some(SocketAddr::new(manifests::node_secondary_ip(THIS_NODE, family), node_port()?))
+        }
+        Frontend::NodePortOnLoopback => {
+            let loopback =
+                if family.is_v6() { IpAddr::V6(Ipv6Addr::LOCALHOST) } else { IpAddr::V4(Ipv4Addr::LOCALHOST) };
+            Some(SocketAddr::new(loopback, node_port()?))
+        }
+        Frontend::LoadBalancerIp => {
+            Some(SocketAddr::new(first(service.load_balancer_ips(family, false), "load-balancer IP")?, port))
+        }
+        Frontend::ProxyModeLoadBalancerIp => {
+            Some(SocketAddr::new(first(service.load_balancer_ips(family, true), "ipMode Proxy ingress")?, port))
+        }
+        Frontend::ExternalIp => Some(SocketAddr::new(first(service.external_ips(family), "external IP")?, port)),
+        Frontend::HealthCheck => {
+            let health = service
+                .health_check_node_port
+                .ok_or_else(|| format!("Service {} has no healthCheckNodePort", service.name))?;
+            Some(SocketAddr::new(manifests::node_ip(THIS_NODE, family), health))
+        }
+    };
+    if target.is_none() && row.expect != Outcome::Ignored {
+        return Err(format!("Service {} has no {} address to send to", service.name, family));
+    }
+    Ok(Resolved { sender, sender_pod, client, client_ip, entry_node, target, target_port: service.target_port })
+}
+
+impl Resolved {
+    /// Checks the source a pod saw. A pod that drew itself (hairpin) must always see a
+    /// node address, whatever the row expects for the others. `entry_node_ips` are the
+    /// addresses of the node the traffic entered the Service through.
+    pub fn check_source(&self, expected: SourceSeen, reply: &EchoReply) -> Result<(), String> {
+        let seen = reply.client_addr.ip();
+        let hairpin = self.sender_pod == Some(reply.server_name.as_str());
+        let expected = if hairpin { SourceSeen::NodeAddress } else { expected };
+        let node_ips = manifests::node_addresses(self.entry_node);
+        let ok = match expected {
+            SourceSeen::ClientAddress => seen == self.client_ip,
+            SourceSeen::NodeAddress => node_ips.contains(&seen),
+            SourceSeen::Any => true,
+        };
+        if ok {
+            return Ok(());
+        }
+        let wanted = match expected {
+            SourceSeen::ClientAddress => format!("the sender's own address {}", self.client_ip),
+            _ => format!("a node address {node_ips:?}"),
+        };
+        let hairpin = if hairpin { " (hairpin: it answered its own request)" } else { "" };
+        Err(format!("{} saw the client as {seen}, expected {wanted}{hairpin}", reply.server_name))
+    }
+}
+
+/// A resolved row with where to send from in the lab.
+#[derive(Debug, Clone)]
+struct Probe {
+    row: Scenario,
+    resolved: Resolved,
+    namespace: String,
+}
+
+impl std::fmt::Display for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let target = self.resolved.target.map_or_else(|| "(no address)".to_owned(), |t| t.to_string());
+        write!(f, "{} from {} [{}] to {target}", self.row.protocol, self.resolved.sender, self.resolved.client_ip)
+    }
+}
+
+impl Probe {
+    fn of(cluster: &Cluster, row: &Scenario) -> Result<Probe, String> {
+        let service =
+            cluster.service(row.service).ok_or_else(|| format!("no Service {:?} in the fixture", row.service))?;
+        let resolved = resolve(row, service)?;
+        let lab = cluster.lab();
+        let namespace = match (resolved.sender_pod, resolved.client) {
+            (Some(pod), _) => lab.pod(pod).namespace_name().to_owned(),
+            (None, Some(client)) => lab.client(client).namespace_name().to_owned(),
+            (None, None) => lab.node(resolved.entry_node).namespace_name().to_owned(),
+        };
+        Ok(Probe { row: *row, resolved, namespace })
+    }
+
+    fn target(&self) -> SocketAddr {
+        self.resolved.target.expect("rows that send have a target")
+    }
+
+    /// One request, fresh source port each time (so every probe is a new connection for
+    /// conntrack and draws its endpoint anew), unless `source` fixes it.
+    fn send(&self, cluster: &Cluster, source: Option<SocketAddr>, timeout: Duration) -> Result<EchoReply, Failure> {
+        net::request(cluster.lab(), &self.namespace, self.row.protocol, self.target(), source, timeout)
+    }
+
+    /// One request from a fixed source port.
+    fn send_from_port(&self, cluster: &Cluster, port: u16, timeout: Duration) -> Result<EchoReply, Failure> {
+        self.send(cluster, Some(net::unspecified(self.target(), port)), timeout)
+    }
+}
+
+/// What a probe that should not be answered saw.
+enum Unanswered {
+    Refused,
+    /// Nothing came back; `local_eperm`: the sending host's own output hook dropped it.
+    Silent,
+    Other(String),
+}
+
+/// One probe that is expected not to be answered, telling a refusal from silence. UDP
+/// needs care when the sender's own output hook rejects: `send` then fails with EPERM
+/// (Linux reports every locally refused packet so, a drop too) and only the ICMP error that
+/// follows a reject tells the two apart.
+fn probe_unanswered(cluster: &Cluster, probe: &Probe, timeout: Duration) -> Result<Unanswered, EchoReply> {
+    if probe.row.protocol != Protocol::Udp {
+        return match probe.send(cluster, None, timeout) {
+            Ok(reply) => Err(reply),
+            Err(Failure::Refused) => Ok(Unanswered::Refused),
+            Err(Failure::TimedOut) => Ok(Unanswered::Silent),
+            Err(Failure::Other(error)) => Ok(Unanswered::Other(error)),
+        };
+    }
+    use std::io::ErrorKind;
+    let target = probe.target();
+    if !svcplane_testbed::address_plan::is_lab_address(target.ip()) && !target.ip().is_loopback() {
+        return Ok(Unanswered::Other(format!("{target} is outside the lab's address plan")));
+    }
+    let outcome = cluster.lab().run_in(&probe.namespace, move || -> Result<Unanswered, EchoReply> {
+        let io = |step: &str, error: std::io::Error| Unanswered::Other(format!("udp {target}: {step}: {error}"));
+        let socket = match std::net::UdpSocket::bind(net::unspecified(target, 0)) {
+            Ok(socket) => socket,
+            Err(error) => return Ok(io("bind", error)),
+        };
+        if let Err(error) = socket.connect(target) {
+            return Ok(io("connect", error));
+        }
+        match socket.send(b"svcplane-probe\n") {
+            Ok(_) => {}
+            Err(error) if error.raw_os_error() == Some(EPERM) => {}
+            Err(error) if error.kind() == ErrorKind::ConnectionRefused => return Ok(Unanswered::Refused),
+            Err(error) => return Ok(io("send", error)),
+        }
+        if let Err(error) = socket.set_read_timeout(Some(timeout)) {
+            return Ok(io("set timeout", error));
+        }
+        let mut buffer = [0u8; 4096];
+        match socket.recv(&mut buffer) {
+            Ok(n) => match EchoReply::parse(&String::from_utf8_lossy(&buffer[..n])) {
+                Some(reply) => Err(reply),
+                None => Ok(Unanswered::Other(format!("udp {target}: not an echo reply"))),
+            },
+            Err(error) if error.kind() == ErrorKind::ConnectionRefused => Ok(Unanswered::Refused),
+            Err(error) if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Ok(Unanswered::Silent),
+            Err(error) => Ok(io("receive", error)),
+        }
+    });
+    outcome.unwrap_or_else(|error| Ok(Unanswered::Other(format!("entering {}: {error}", probe.namespace))))
+}
+
+/// Linux's `EPERM` (no libc dependency for one constant).
+const EPERM: i32 = 1;
+
+/// What an Answered row saw: pod name -> replies.
+type Answers = BTreeMap<String, usize>;
+
+fn expect_answered(cluster: &Cluster, probe: &Probe, by: &[&str], source: SourceSeen) -> Result<String, String> {
+    let allowed: BTreeSet<&str> = by.iter().copied().collect();
+    let mut answers = Answers::new();
+    let started = Instant::now();
+    for sent in 0..MAX_ANSWER_PROBES {
+        let all_answered = allowed.iter().all(|pod| answers.contains_key(*pod));
+        if sent >= MIN_ANSWER_PROBES && all_answered {
+            return Ok(format!("answers {answers:?}"));
+        }
+        if started.elapsed() > ROW_DEADLINE {
+            break;
+        }
+        let reply = probe
+            .send(cluster, None, ANSWER_TIMEOUT)
+            .map_err(|error| format!("probe {} failed: {error}; answers so far {answers:?}", sent + 1))?;
+        if !allowed.contains(reply.server_name.as_str()) {
+            return Err(format!("answered by {}, which is not one of {by:?}", reply.server_name));
+        }
+        probe.resolved.check_source(source, &reply)?;
+        *answers.entry(reply.server_name).or_default() += 1;
+    }
+    let missing: Vec<&str> = allowed.iter().copied().filter(|pod| !answers.contains_key(*pod)).collect();
+    if missing.is_empty() {
+        return Ok(format!("answers {answers:?}"));
+    }
+    Err(format!("{missing:?} never answered in {} probes; answers {answers:?}", answers.values().sum::<usize>()))
+}
+
+fn expect_rejected(cluster: &Cluster, probe: &Probe) -> Result<String, String> {
+    for _ in 0..REJECT_PROBES {
+        let started = Instant::now();
+        let result = probe_unanswered(cluster, probe, ANSWER_TIMEOUT);
+        let took = started.elapsed();
+        match result {
+            Err(reply) => {
+                return Err(format!(
+                    "answered by {} (seeing {}), expected a refusal",
+                    reply.server_name, reply.client_addr
+                ));
+            }
+            Ok(Unanswered::Refused) if took < REJECT_WITHIN => {}
+            Ok(Unanswered::Refused) => {
+                return Err(format!("refused, but only after {took:?}; expected within {REJECT_WITHIN:?}"));
+            }
+            Ok(Unanswered::Silent) => return Err(format!("no answer and no refusal within {ANSWER_TIMEOUT:?}")),
+            Ok(Unanswered::Other(error)) => {
+                return Err(format!("expected a refusal within {REJECT_WITHIN:?}, got `{error}` after {took:?}"));
+            }
+        }
+    }
+    Ok("refused".to_owned())
+}
+
+fn expect_dropped(cluster: &Cluster, probe: &Probe) -> Result<String, String> {
+    for _ in 0..DROP_PROBES {
+        match probe_unanswered(cluster, probe, DROP_TIMEOUT) {
+            Err(reply) => {
+                return Err(format!(
+                    "answered by {} (seeing {}), expected no answer at all",
+                    reply.server_name, reply.client_addr
+                ));
+            }
+            Ok(Unanswered::Silent) => {}
+            Ok(Unanswered::Refused) => return Err("refused, expected silence (dropped)".to_owned()),
+            Ok(Unanswered::Other(error)) => return Err(format!("expected silence (dropped), got `{error}`")),
+        }
+    }
+    Ok("dropped".to_owned())
+}
+
+/// Whether `text` names `address` (as a whole token, so `198.18.100.1` does not match
+/// inside `198.18.100.10`).
+pub fn mentions_address(text: &str, address: IpAddr) -> bool {
+    text.split(|c: char| !(c.is_ascii_hexdigit() || c == '.' || c == ':' || c == '/'))
+        .filter_map(|token| token.split('/').next())
+        .filter_map(|token| token.parse::<IpAddr>().ok())
+        .any(|found| found == address)
+}
+
+/// Whether the ruleset names the Service (svcplane's chain and set names carry
+/// `<namespace>/<name>/`).
+pub fn mentions_service(text: &str, service: &str) -> bool {
+    text.contains(&format!("default/{service}/"))
+}
+
+fn ruleset_checks(cluster: &Cluster, probe: &Probe, whole_service: bool) -> Result<(), String> {
+    let address_frontend = matches!(
+        probe.row.to,
+        Frontend::ClusterIp | Frontend::LoadBalancerIp | Frontend::ProxyModeLoadBalancerIp | Frontend::ExternalIp
+    );
+    let nodes: &[u16] = if whole_service { &[1, 2] } else { &[probe.resolved.entry_node] };
+    for &node in nodes {
+        let ruleset = cluster.ruleset(node)?;
+        if whole_service && mentions_service(&ruleset, probe.row.service) {
+            return Err(format!("node{node}'s ruleset names the Service default/{}", probe.row.service));
+        }
+        if let Some(target) = probe.resolved.target.filter(|_| address_frontend)
+            && mentions_address(&ruleset, target.ip())
+        {
+            return Err(format!("node{node}'s ruleset names {}", target.ip()));
+        }
+    }
+    Ok(())
+}
+
+fn expect_not_served(cluster: &Cluster, probe: &Probe, whole_service: bool) -> Result<String, String> {
+    ruleset_checks(cluster, probe, whole_service)?;
+    if probe.resolved.target.is_none() {
+        return Ok("not in the ruleset".to_owned());
+    }
+    let mut seen = Vec::new();
+    for _ in 0..DROP_PROBES {
+        match probe_unanswered(cluster, probe, DROP_TIMEOUT) {
+            Err(reply) => {
+                return Err(format!(
+                    "answered by {} (seeing {}), expected no pod to answer",
+                    reply.server_name, reply.client_addr
+                ));
+            }
+            Ok(Unanswered::Refused) => seen.push("refused".to_owned()),
+            Ok(Unanswered::Silent) => seen.push("silence".to_owned()),
+            Ok(Unanswered::Other(error)) => seen.push(error),
+        }
+    }
+    Ok(format!("not served: {}", seen.join(", ")))
+}
+
+fn expect_health(cluster: &Cluster, probe: &Probe, local_endpoints: usize) -> Result<String, String> {
+    let (status, body) = net::http_get(cluster.lab(), &probe.namespace, probe.target(), ANSWER_TIMEOUT)
+        .map_err(|error| format!("health check request: {error}"))?;
+    let expected_status = if local_endpoints > 0 { 200 } else { 503 };
+    let expected_body = format!(
+        "{{\"service\":{{\"namespace\":\"default\",\"name\":\"{}\"}},\"localEndpoints\":{local_endpoints},\"serviceProxyHealthy\":true}}",
+        probe.row.service
+    );
+    if status != expected_status || body.trim() != expected_body {
+        return Err(format!("got {status} {body:?}, expected {expected_status} {expected_body:?}"));
+    }
+    Ok(format!("{status} {body}"))
+}
+
+/// One request from each of `sources` (client 1's affinity addresses), all inside one
+/// visit of the namespace: pod names in order.
+fn round_from(probe: &Probe, cluster: &Cluster, sources: &[IpAddr]) -> Result<Vec<String>, String> {
+    let target = probe.target();
+    let protocol = probe.row.protocol;
+    let sources = sources.to_vec();
+    cluster
+        .lab()
+        .run_in(&probe.namespace, move || {
+            sources
+                .iter()
+                .map(|source| {
+                    net::request_here(protocol, target, Some(SocketAddr::new(*source, 0)), ANSWER_TIMEOUT)
+                        .map(|reply| reply.server_name)
+                        .map_err(|error| format!("request from {source}: {error}"))
+                })
+                .collect::<Result<Vec<String>, String>>()
+        })
+        .map_err(|error| error.to_string())?
+}
+
+fn affinity_timeout() -> Duration {
+    Duration::from_secs(u64::from(manifests::AFFINITY_TIMEOUT_SECONDS))
+}
+
+fn check_by(by: &[&str], names: &[String]) -> Result<(), String> {
+    match names.iter().find(|name| !by.contains(&name.as_str())) {
+        Some(name) => Err(format!("answered by {name}, which is not one of {by:?}")),
+        None => Ok(()),
+    }
+}
+
+fn expect_sticky_then_fresh(cluster: &Cluster, probe: &Probe, by: &[&str]) -> Result<String, String> {
+    let sources = manifests::affinity_client_ips(probe.row.family);
+    let started = Instant::now();
+    let sticky = round_from(probe, cluster, &sources)?;
+    check_by(by, &sticky)?;
+    for _ in 0..3 {
+        let again = round_from(probe, cluster, &sources)?;
+        for ((source, first), now) in sources.iter().zip(&sticky).zip(&again) {
+            if first != now {
+                return Err(format!(
+                    "client {source} moved from {first} to {now} {:?} after its first pick, within the {}s timeout",
+                    started.elapsed(),
+                    manifests::AFFINITY_TIMEOUT_SECONDS
+                ));
+            }
+        }
+    }
+    let sticky_for = started.elapsed();
+    if sticky_for >= affinity_timeout() {
+        return Err(format!("the sticky phase took {sticky_for:?}, longer than the timeout: inconclusive"));
+    }
+    std::thread::sleep(affinity_timeout() + Duration::from_millis(1500));
+    let fresh = round_from(probe, cluster, &sources)?;
+    check_by(by, &fresh)?;
+    for _ in 0..2 {
+        let again = round_from(probe, cluster, &sources)?;
+        for ((source, first), now) in sources.iter().zip(&fresh).zip(&again) {
+            if first != now {
+                return Err(format!("after the timeout, client {source} picked {first} but then moved to {now}"));
+            }
+        }
+    }
+    let moved = sticky.iter().zip(&fresh).filter(|(a, b)| a != b).count();
+    if moved == 0 {
+        return Err(format!(
+            "after {:?} of silence all {} clients were still on their endpoints {sticky:?}: the affinity did not expire",
+            affinity_timeout() + Duration::from_millis(1500),
+            sources.len()
+        ));
+    }
+    Ok(format!("{} clients sticky within the timeout, {moved} moved after it", sources.len()))
+}
+
+fn expect_sticky_while_talking(cluster: &Cluster, probe: &Probe, by: &[&str]) -> Result<String, String> {
+    let sources = manifests::affinity_client_ips(probe.row.family);
+    let started = Instant::now();
+    let first = round_from(probe, cluster, &sources)?;
+    check_by(by, &first)?;
+    let talk_for = affinity_timeout() * 2 + Duration::from_millis(500);
+    let mut rounds = 1;
+    while started.elapsed() < talk_for {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = round_from(probe, cluster, &sources)?;
+        rounds += 1;
+        let moved: Vec<String> = sources
+            .iter()
+            .zip(&first)
+            .zip(&now)
+            .filter(|((_, a), b)| a != b)
+            .map(|((source, a), b)| format!("{source}: {a} -> {b}"))
+            .collect();
+        if !moved.is_empty() {
+            return Err(format!(
+                "{} of {} clients moved {:?} after their first pick although each made a request every 500 ms \
+                 (timeout {}s): the affinity is not renewed by use: {moved:?}",
+                moved.len(),
+                sources.len(),
+                started.elapsed(),
+                manifests::AFFINITY_TIMEOUT_SECONDS
+            ));
+        }
+    }
+    Ok(format!("{} clients kept their endpoints for {rounds} rounds over {:?}", sources.len(), started.elapsed()))
+}
+
+/// Source ports for rows that re-use one: unique across every row of the test process.
+fn fixed_source_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(41000);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A mutating row between its first step and the endpoint change.
+enum Open {
+    /// A UDP client's fixed source port.
+    UdpPort(u16),
+    Connection(Conversation),
+}
+
+/// Before the change: the flow the row then watches.
+fn before_change(cluster: &Cluster, probe: &Probe) -> Result<Open, String> {
+    match probe.row.expect {
+        Outcome::FollowsEndpointChange { before, .. } => {
+            let port = fixed_source_port();
+            let timeout = if before.is_empty() { DROP_TIMEOUT } else { ANSWER_TIMEOUT };
+            let result = probe.send_from_port(cluster, port, timeout);
+            match (result, before.is_empty()) {
+                (Ok(reply), false) if before.contains(&reply.server_name.as_str()) => {
+                    probe.resolved.check_source(probe.row.source, &reply)?;
+                }
+                (Ok(reply), _) => {
+                    return Err(format!("before the change answered by {}, expected {before:?}", reply.server_name));
+                }
+                // Nothing serves it yet: refused (no endpoints) or lost (no Service).
+                (Err(_), true) => {}
+                (Err(error), false) => return Err(format!("before the change: {error}")),
+            }
+            Ok(Open::UdpPort(port))
+        }
+        Outcome::KeepsFlowAcrossEndpointChange { pod, .. } => {
+            let open = if probe.row.protocol == Protocol::Udp {
+                let port = fixed_source_port();
+                let reply = probe
+                    .send_from_port(cluster, port, ANSWER_TIMEOUT)
+                    .map_err(|e| format!("before the change: {e}"))?;
+                if reply.server_name != pod {
+                    return Err(format!("before the change answered by {}, expected {pod}", reply.server_name));
+                }
+                Open::UdpPort(port)
+            } else {
+                let mut conversation = Conversation::open(
+                    cluster.lab(),
+                    &probe.namespace,
+                    probe.row.protocol,
+                    probe.target(),
+                    ANSWER_TIMEOUT,
+                )
+                .map_err(|e| format!("opening a connection: {e}"))?;
+                let reply = conversation.ask(ANSWER_TIMEOUT).map_err(|e| format!("before the change: {e}"))?;
+                if reply.server_name != pod {
+                    return Err(format!("before the change answered by {}, expected {pod}", reply.server_name));
+                }
+                Open::Connection(conversation)
+            };
+            Ok(open)
+        }
+        _ => unreachable!("only mutating rows"),
+    }
+}
+
+/// After the change: the watched flow must behave.
+fn after_change(cluster: &Cluster, probe: &Probe, open: Open) -> Result<String, String> {
+    let changed_at = Instant::now();
+    match (probe.row.expect, open) {
+        (Outcome::FollowsEndpointChange { before, after }, Open::UdpPort(port)) => {
+            let mut last = String::from("nothing yet");
+            while changed_at.elapsed() < CHANGE_WITHIN {
+                match probe.send_from_port(cluster, port, Duration::from_millis(300)) {
+                    Ok(reply) if after.contains(&reply.server_name.as_str()) => {
+                        probe.resolved.check_source(probe.row.source, &reply)?;
+                        return Ok(format!(
+                            "source port {port} answered by {} {:?} after the change",
+                            reply.server_name,
+                            changed_at.elapsed()
+                        ));
+                    }
+                    Ok(reply) => last = format!("answered by {}", reply.server_name),
+                    Err(error) => last = format!("getting `{error}`"),
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let stuck =
+                if last.starts_with("answered by") && !before.is_empty() { " through its old flow" } else { "" };
+            Err(format!(
+                "the client re-using source port {port} was still {last}{stuck} {CHANGE_WITHIN:?} after the endpoints changed to {after:?}"
+            ))
+        }
+        (Outcome::KeepsFlowAcrossEndpointChange { pod, new_flows }, open) => {
+            // The change is in effect once a new flow lands on the new endpoint.
+            let mut last = String::from("nothing yet");
+            let mut in_effect = None;
+            while changed_at.elapsed() < CHANGE_WITHIN {
+                match probe.send(cluster, None, Duration::from_millis(500)) {
+                    Ok(reply) if new_flows.contains(&reply.server_name.as_str()) => {
+                        in_effect = Some(changed_at.elapsed());
+                        break;
+                    }
+                    Ok(reply) => last = format!("answered by {}", reply.server_name),
+                    Err(error) => last = error.to_string(),
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let Some(in_effect) = in_effect else {
+                return Err(format!("new flows did not reach {new_flows:?} within {CHANGE_WITHIN:?}: {last}"));
+            };
+            // Let the proxy finish what it does after a sync (stale-flow cleanup).
+            std::thread::sleep(Duration::from_millis(700));
+            let mut open = open;
+            for attempt in 1..=3 {
+                let reply = match &mut open {
+                    Open::UdpPort(port) => probe.send_from_port(cluster, *port, ANSWER_TIMEOUT),
+                    Open::Connection(conversation) => conversation.ask(ANSWER_TIMEOUT),
+                }
+                .map_err(|error| format!("the open flow failed after the change (attempt {attempt}): {error}"))?;
+                if reply.server_name != pod {
+                    return Err(format!(
+                        "the open flow to terminating {pod} moved to {} after the change (attempt {attempt}): it was cut",
+                        reply.server_name
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Ok(format!("new flows on {new_flows:?} after {in_effect:?}; the open flow still on {pod}"))
+        }
+        _ => unreachable!("only mutating rows"),
+    }
+}
+
+/// Runs one non-mutating row.
+fn run_one(cluster: &Cluster, row: &Scenario) -> Result<String, String> {
+    let probe = Probe::of(cluster, row)?;
+    let result = match row.expect {
+        Outcome::Answered { by } => expect_answered(cluster, &probe, by, row.source),
+        Outcome::Rejected => expect_rejected(cluster, &probe),
+        Outcome::Dropped => expect_dropped(cluster, &probe),
+        Outcome::NotServed => expect_not_served(cluster, &probe, false),
+        Outcome::Ignored => expect_not_served(cluster, &probe, true),
+        Outcome::HealthCheck { local_endpoints } => expect_health(cluster, &probe, local_endpoints),
+        Outcome::StickyThenFreshAfterIdle { by } => expect_sticky_then_fresh(cluster, &probe, by),
+        Outcome::StickyWhileTalking { by } => expect_sticky_while_talking(cluster, &probe, by),
+        Outcome::FollowsEndpointChange { .. } | Outcome::KeepsFlowAcrossEndpointChange { .. } => {
+            unreachable!("mutating rows run in groups")
+        }
+    };
+    result.map_err(|detail| format!("({probe}): {detail}"))
+}
+
+/// Runs the mutating rows of one Service around its endpoint change.
+fn run_group(cluster: &Cluster, service: &str, rows: &[Scenario]) -> Vec<Result<String, String>> {
+    let Some(mutation) = manifests::mutation(service) else {
+        return rows.iter().map(|_| Err(format!("no endpoint change for Service {service} in the fixture"))).collect();
+    };
+    let probes: Vec<Result<Probe, String>> = rows.iter().map(|row| Probe::of(cluster, row)).collect();
+    let opened: Vec<Result<(Probe, Open), String>> = probes
+        .into_iter()
+        .map(|probe| {
+            let probe = probe?;
+            let open = before_change(cluster, &probe).map_err(|detail| format!("({probe}): {detail}"))?;
+            Ok((probe, open))
+        })
+        .collect();
+    let (file, text) = mutation.change();
+    cluster.write_file(&file, &text);
+    opened
+        .into_iter()
+        .map(|opened| {
+            let (probe, open) = opened?;
+            after_change(cluster, &probe, open).map_err(|detail| format!("({probe}): {detail}"))
+        })
+        .collect()
+}
+
+/// Runs every row (once per family), then fails once listing every failed row (with the
+/// proxies' logs and the backend's diagnostics), so one broken row does not hide the others.
+pub fn check_rows(cluster: &Cluster, rows: &[Scenario]) {
+    let runs: Vec<Scenario> = rows.iter().flat_map(Scenario::each_family).collect();
+    // Work items: single rows, and mutating rows grouped by Service.
+    let mut items: Vec<Vec<Scenario>> = Vec::new();
+    let mut groups: BTreeMap<&str, Vec<Scenario>> = BTreeMap::new();
+    for run in runs {
+        if run.expect.mutates() {
+            groups.entry(run.service).or_default().push(run);
+        } else {
+            items.push(vec![run]);
+        }
+    }
+    items.extend(groups.into_values());
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<(String, Result<String, String>)>> = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..PARALLEL_ROWS.min(items.len()) {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(item) = items.get(index) else { break };
+                    let outcomes = if item[0].expect.mutates() {
+                        run_group(cluster, item[0].service, item)
+                    } else {
+                        vec![run_one(cluster, &item[0])]
+                    };
+                    for (row, outcome) in item.iter().zip(outcomes) {
+                        match &outcome {
+                            Ok(detail) => eprintln!("ok: {} — {detail}", row.label()),
+                            Err(failure) => eprintln!("FAILED: {} {failure}", row.label()),
+                        }
+                        results.lock().expect("results lock").push((row.label(), outcome));
+                    }
+                }
+            });
+        }
+    });
+    let results = results.into_inner().expect("results lock");
+    let failures: Vec<String> = results
+        .iter()
+        .filter_map(|(label, outcome)| outcome.as_ref().err().map(|failure| format!("row `{label}` {failure}")))
+        .collect();
+    if !failures.is_empty() {
+        panic!(
+            "{} of {} scenario runs failed on the {} backend (real kernel):\n- {}\n\n{}",
+            failures.len(),
+            results.len(),
+            cluster.backend().name,
+            failures.join("\n- "),
+            cluster.diagnostics()
+        );
+    }
+}
+
+/// Polls `attempt` until it returns `Some`, at most until `limit`; a short pause between
+/// attempts keeps the loop from spinning. Returns the value and the time it took.
+pub fn eventually<T>(limit: Duration, mut attempt: impl FnMut() -> Option<T>) -> Option<(T, Duration)> {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = attempt() {
+            return Some((value, started.elapsed()));
+        }
+        if started.elapsed() >= limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
