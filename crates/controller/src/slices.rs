@@ -307,12 +307,15 @@ impl<'s> Target<'s> {
         let for_zones = zone.as_ref().filter(|_| self.hints != Hints::None).map(|z| vec![ForZone { name: z.clone() }]);
         let for_nodes =
             node_name.as_ref().filter(|_| self.hints == Hints::SameNode).map(|n| vec![ForNode { name: n.clone() }]);
-        let hints = (for_zones.is_some() || for_nodes.is_some()).then_some(EndpointHints { for_zones, for_nodes });
+        // Only ready endpoints carry hints, as upstream: the proxy weighs hints over ready ones.
+        let ready = self.publish_not_ready || (serving && !terminating);
+        let hints =
+            (ready && (for_zones.is_some() || for_nodes.is_some())).then_some(EndpointHints { for_zones, for_nodes });
         Endpoint {
             addresses: vec![ip.to_string()],
             hints,
             conditions: Some(EndpointConditions {
-                ready: Some(self.publish_not_ready || (serving && !terminating)),
+                ready: Some(ready),
                 serving: Some(serving),
                 terminating: Some(terminating),
             }),

@@ -384,6 +384,15 @@ fn prefer_same_node_hints_each_endpoint_for_its_own_node_and_zone() {
 }
 
 #[test]
+fn endpoints_that_are_not_ready_carry_no_hints() {
+    let mut service = app_service("default/web", "web");
+    service.spec.as_mut().unwrap().traffic_distribution = Some("PreferClose".into());
+    let pods = [not_ready(on_node(pod("default/web-1", "web", &["10.0.0.1"]), "node-a"))];
+    let slices = plan_slices(&service, &pods, Some(&[node("node-a", "zone-1")])).unwrap();
+    assert_eq!(slices[0].endpoints[0].hints, None);
+}
+
+#[test]
 fn without_a_traffic_distribution_endpoints_carry_no_hints() {
     assert_eq!(hinted(None), [(vec![], vec![])]);
     assert_eq!(hinted(Some("SomethingNew")), [(vec![], vec![])]);
