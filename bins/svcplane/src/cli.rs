@@ -24,7 +24,8 @@ pub enum Command {
     Proxy(ProxyArgs),
     /// Print what `proxy` would program, touching nothing (no root needed).
     Render(ProxyArgs),
-    /// Print the EndpointSlices and allocations the standalone controller derives.
+    /// The EndpointSlice controller: with `--kubeconfig`, against the API until SIGTERM /
+    /// SIGINT; with `--manifests`, print the slices and allocations it derives.
     Controller(ControllerArgs),
     /// Serve the cluster zone (Kubernetes DNS specification 1.1.0) over UDP and TCP.
     Dns(crate::dns::DnsArgs),
@@ -40,6 +41,20 @@ pub enum Command {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
     Nftables,
+    /// kube-proxy's iptables chain layout, applied with `iptables-restore --noflush`.
+    Iptables,
+}
+
+/// Which iptables variant iptables mode writes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IptablesBackend {
+    /// `iptables-legacy-*` (the x_tables kernel interface).
+    Legacy,
+    /// `iptables-nft-*` (iptables over nf_tables).
+    Nft,
+    /// Whichever the node already uses (kubelet's hint chains, else the variant holding
+    /// rules), else nft.
+    Auto,
 }
 
 /// How nftables mode talks to the kernel.
@@ -54,8 +69,12 @@ pub enum NftMechanism {
 #[derive(Debug, Clone, Args)]
 pub struct SourceArgs {
     /// Directory of Kubernetes manifests (Service, Pod, Node, EndpointSlice).
-    #[arg(long, value_name = "DIR")]
-    pub manifests: PathBuf,
+    #[arg(long, value_name = "DIR", conflicts_with = "kubeconfig")]
+    pub manifests: Option<PathBuf>,
+    /// A kubeconfig: watch this kube-apiserver instead of a manifests directory. In a Pod,
+    /// with neither flag, the in-cluster config is used.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
     /// ClusterIP range for allocation (repeatable: one per family).
     #[arg(long = "service-cidr", value_name = "CIDR", default_value = "10.96.0.0/12")]
     pub service_cidrs: Vec<IpNet>,
@@ -66,6 +85,25 @@ pub struct SourceArgs {
     /// then derived from names alone).
     #[arg(long, value_name = "FILE")]
     pub allocations_file: Option<PathBuf>,
+}
+
+/// Where the cluster state comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceKind {
+    Manifests(PathBuf),
+    Api(svcplane_kube::ClusterAccess),
+}
+
+impl SourceArgs {
+    /// `--manifests`, else `--kubeconfig`, else the in-cluster config in a Pod.
+    pub fn kind(&self) -> anyhow::Result<SourceKind> {
+        if let Some(dir) = &self.manifests {
+            return Ok(SourceKind::Manifests(dir.clone()));
+        }
+        svcplane_kube::ClusterAccess::from_flag(self.kubeconfig.clone())
+            .map(SourceKind::Api)
+            .ok_or_else(|| anyhow::anyhow!("one of --manifests DIR or --kubeconfig PATH is required (outside a Pod)"))
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -93,12 +131,19 @@ pub struct ProxyArgs {
     /// The `nft` program to run with `--nft-mechanism cli`.
     #[arg(long, default_value = "nft", hide = true)]
     pub nft_program: String,
+    /// The iptables variant of `--mode iptables`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub iptables_backend: IptablesBackend,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct ControllerArgs {
     #[command(flatten)]
     pub source: SourceArgs,
+    /// With `--kubeconfig`: the `endpointslice.kubernetes.io/managed-by` value of the slices
+    /// this controller owns (kube-controller-manager's is `endpointslice-controller.k8s.io`).
+    #[arg(long, value_name = "VALUE", default_value = svcplane_controller::MANAGED_BY)]
+    pub managed_by: String,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -2,11 +2,13 @@
 //! sync loop does not care which mode it runs.
 
 use anyhow::Context;
+use svcplane_backend_iptables::{IptablesBackend, render_dump};
 use svcplane_backend_nftables::{NftablesBackend, render_full};
 use svcplane_core::{ChangedKeys, IpFamily, NodePlan};
+use svcplane_iptables::{IptablesCli, Variant, detect_variant};
 use svcplane_nft::{NftCli, NftError, NftNetlink, Nftables, TableName, Transaction};
 
-use crate::cli::{Mode, NftMechanism, ProxyArgs};
+use crate::cli::{IptablesBackend as IptablesVariant, Mode, NftMechanism, ProxyArgs};
 
 /// The way nftables transactions reach the kernel.
 #[derive(Debug)]
@@ -45,6 +47,7 @@ pub struct SyncSummary {
 #[derive(Debug)]
 pub enum Dataplane {
     Nftables(NftablesBackend<NftClient>),
+    Iptables(IptablesBackend<IptablesCli>),
 }
 
 impl Dataplane {
@@ -59,6 +62,18 @@ impl Dataplane {
                 };
                 Dataplane::Nftables(NftablesBackend::new(client))
             }
+            Mode::Iptables => {
+                let variant = match args.iptables_backend {
+                    IptablesVariant::Legacy => Variant::Legacy,
+                    IptablesVariant::Nft => Variant::Nft,
+                    IptablesVariant::Auto => {
+                        let detection = detect_variant(&[]);
+                        tracing::info!(variant = detection.variant.name(), "iptables variant: {}", detection.reason);
+                        detection.variant
+                    }
+                };
+                Dataplane::Iptables(IptablesBackend::new(IptablesCli::new(variant)))
+            }
         })
     }
 
@@ -67,8 +82,29 @@ impl Dataplane {
         match self {
             Dataplane::Nftables(backend) => {
                 let report = backend.sync(plan, changed)?;
-                Ok(SyncSummary { full: report.full, service_ports: report.service_ports, operations: report.operations })
+                Ok(SyncSummary {
+                    full: report.full,
+                    service_ports: report.service_ports,
+                    operations: report.operations,
+                })
             }
+            Dataplane::Iptables(backend) => {
+                let report = backend.sync(plan, changed)?;
+                Ok(SyncSummary {
+                    full: report.full,
+                    service_ports: report.service_ports,
+                    operations: report.operations,
+                })
+            }
+        }
+    }
+
+    /// Whether the kernel's rules were changed behind svcplane's back, so the next sync
+    /// must be a full one (iptables mode watches its canary chains; cheap, rate-limited).
+    pub fn rules_changed_behind_our_back(&mut self) -> bool {
+        match self {
+            Dataplane::Nftables(_) => false,
+            Dataplane::Iptables(backend) => backend.rules_changed_behind_our_back(),
         }
     }
 
@@ -82,12 +118,26 @@ impl Dataplane {
                 }
                 Ok(text)
             }
+            Mode::Iptables => Ok(render_dump(plan, &[IpFamily::V4, IpFamily::V6])),
         }
     }
 
     /// Removes whatever every mode may have left on this node. Returns whether anything was there.
     pub fn cleanup_all() -> anyhow::Result<bool> {
         let mut nftables = NftablesBackend::new(NftClient::Cli(NftCli::new()));
-        nftables.cleanup().context("deleting svcplane's nftables tables")
+        let mut removed = nftables.cleanup().context("deleting svcplane's nftables tables")?;
+        for variant in [Variant::Legacy, Variant::Nft] {
+            let mut iptables = IptablesBackend::new(IptablesCli::new(variant));
+            match iptables.cleanup() {
+                Ok(found) => removed |= found,
+                // A node without iptables has nothing of iptables mode to remove.
+                Err(error) if error.is_program_missing() => {}
+                Err(error) => {
+                    return Err(error)
+                        .with_context(|| format!("removing svcplane's iptables-{} rules", variant.name()));
+                }
+            }
+        }
+        Ok(removed)
     }
 }

@@ -29,7 +29,7 @@ use svcplane_source::{
 };
 use tracing::{info, warn};
 
-use crate::cli::SourceArgs;
+use crate::cli::{SourceArgs, SourceKind};
 
 /// How often the zone builder checks for a stop request while idle.
 const TICK: Duration = Duration::from_millis(100);
@@ -96,7 +96,10 @@ pub fn run(args: &DnsArgs) -> anyhow::Result<()> {
         .with_pod_records(pods)
         .with_forwarding(!args.upstreams.is_empty());
     let config = Arc::new(config);
-    let dir = args.source.manifests.clone();
+    let dir = match args.source.kind()? {
+        SourceKind::Api(access) => return run_from_api(args, &access, config),
+        SourceKind::Manifests(dir) => dir,
+    };
     if dir.exists() && !dir.is_dir() {
         bail!("--manifests: {} is not a directory", dir.display());
     }
@@ -126,6 +129,21 @@ pub fn run(args: &DnsArgs) -> anyhow::Result<()> {
     stop.store(true, Ordering::Release);
     join(watcher, "manifests watcher");
     join(building, "zone builder");
+    served
+}
+
+/// `--kubeconfig` (or in a Pod): the zone follows the API's Services and EndpointSlices.
+fn run_from_api(args: &DnsArgs, access: &svcplane_kube::ClusterAccess, config: Arc<ZoneConfig>) -> anyhow::Result<()> {
+    let zone = SharedZone::new(Zone::pending(Arc::clone(&config)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads = crate::api::spawn_zone_builder(access, config, zone.clone(), Arc::clone(&stop))?;
+    let forwarder = (!args.upstreams.is_empty())
+        .then(|| Forwarder::new(args.upstreams.clone(), Duration::from_millis(args.forward_timeout_ms)));
+    let served = serve(args.listen, Handler::new(zone, forwarder));
+    stop.store(true, Ordering::Release);
+    for thread in threads {
+        join(thread, "API zone builder");
+    }
     served
 }
 
@@ -180,7 +198,7 @@ impl ZoneBuilder {
     fn new(source: &SourceArgs, config: Arc<ZoneConfig>) -> anyhow::Result<Self> {
         let allocator = crate::pipeline::allocator_from(source)?;
         Ok(Self {
-            dir: source.manifests.clone(),
+            dir: source.manifests.clone().unwrap_or_default(),
             config,
             allocator,
             serial: 0,
@@ -262,7 +280,7 @@ fn is_unlisted(error: &ManifestError, dir: &Path) -> bool {
 }
 
 /// The Unix time, or one more than the previous serial when the clock has not moved on.
-fn next_serial(previous: u32) -> u32 {
+pub(crate) fn next_serial(previous: u32) -> u32 {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs());
     let now = u32::try_from(now).unwrap_or(u32::MAX);
     now.max(previous.wrapping_add(1))

@@ -43,7 +43,8 @@ struct Target {
 pub fn run(args: &LabArgs) -> anyhow::Result<()> {
     let manifests = write_manifests()?;
     let source = SourceArgs {
-        manifests: manifests.path().to_owned(),
+        manifests: Some(manifests.path().to_owned()),
+        kubeconfig: None,
         service_cidrs: vec![SERVICE_CIDR.parse()?],
         node_port_range: "30000-32767".into(),
         allocations_file: None,

@@ -1,6 +1,9 @@
 //! Manifests mode: directory -> controller (allocation, EndpointSlices) -> core values ->
 //! minimal changes into the cluster state. Every problem is logged with its file, object
 //! and field, and the rest carries on.
+//!
+//! API mode (`--kubeconfig`, see `api.rs`): watch batches -> the same conversion, object by
+//! object, into the same cluster state.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +20,30 @@ use svcplane_source::{
 };
 use tracing::{debug, warn};
 
-use crate::cli::SourceArgs;
+use crate::api::ApiIngest;
+use crate::cli::{SourceArgs, SourceKind};
+
+/// One message of a source: a complete read of the manifests directory, or a batch of
+/// changes from the API.
+#[derive(Debug)]
+pub enum Update {
+    Manifests(Loaded),
+    Api(svcplane_kube::Batch),
+}
+
+impl From<svcplane_kube::Batch> for Update {
+    fn from(batch: svcplane_kube::Batch) -> Self {
+        Update::Api(batch)
+    }
+}
+
+/// API mode: where to watch, for which node, and the conversion's memory.
+#[derive(Debug)]
+struct ApiSource {
+    access: svcplane_kube::ClusterAccess,
+    node: String,
+    ingest: ApiIngest,
+}
 
 /// Cluster state fed from a manifests directory.
 #[derive(Debug)]
@@ -29,22 +55,95 @@ pub struct Pipeline {
     pub state: ClusterState,
     /// The last problems reported, so an unchanged broken file is not reported on every reload.
     last_problems: Vec<String>,
+    /// Set in API mode, where `dir`, the allocator and the differ go unused.
+    api: Option<ApiSource>,
 }
 
 impl Pipeline {
     pub fn new(args: &SourceArgs) -> anyhow::Result<Self> {
         let allocator = allocator_from(args)?;
-        if !args.manifests.is_dir() {
-            anyhow::bail!("--manifests: {} is not a directory", args.manifests.display());
+        let dir = match args.kind()? {
+            SourceKind::Manifests(dir) => dir,
+            SourceKind::Api(_) => anyhow::bail!("--kubeconfig: only `proxy` and `render` read the API here"),
+        };
+        if !dir.is_dir() {
+            anyhow::bail!("--manifests: {} is not a directory", dir.display());
         }
         Ok(Self {
-            dir: args.manifests.clone(),
+            dir,
             allocator,
             allocations_file: args.allocations_file.clone(),
             differ: SnapshotDiffer::new(),
             state: ClusterState::new(),
             last_problems: Vec::new(),
+            api: None,
         })
+    }
+
+    /// The pipeline of `proxy` / `render` on `node`: from the manifests directory or the API.
+    pub fn for_node(args: &SourceArgs, node: &str) -> anyhow::Result<Self> {
+        match args.kind()? {
+            SourceKind::Manifests(_) => Self::new(args),
+            SourceKind::Api(access) => Ok(Self {
+                dir: std::path::PathBuf::new(),
+                allocator: Allocator::new(AllocatorConfig::default()).map_err(|e| anyhow::anyhow!("{e}"))?,
+                allocations_file: None,
+                differ: SnapshotDiffer::new(),
+                state: ClusterState::new(),
+                last_problems: Vec::new(),
+                api: Some(ApiSource { access, node: node.to_owned(), ingest: ApiIngest::default() }),
+            }),
+        }
+    }
+
+    /// Reads the source's complete state once (for `render`): the directory, or the API's
+    /// initial lists.
+    pub fn load_initial(&mut self) -> anyhow::Result<()> {
+        let Some(api) = &mut self.api else {
+            self.load_once();
+            return Ok(());
+        };
+        let batch = crate::api::initial_batch(&api.access, &api.node)?;
+        api.ingest.ingest(batch, &mut self.state);
+        Ok(())
+    }
+
+    /// Starts the source's watch: every update goes to `sender` until `stop` is set.
+    pub fn spawn_source(&self, sender: Sender<Update>, stop: Arc<AtomicBool>) -> anyhow::Result<JoinHandle<()>> {
+        if let Some(api) = &self.api {
+            return crate::api::spawn_proxy_watch(&api.access, &api.node, sender, stop);
+        }
+        let (loads, loaded) = std::sync::mpsc::channel();
+        let watcher = self.spawn_watcher(loads, stop)?;
+        std::thread::Builder::new()
+            .name("manifests-updates".to_owned())
+            .spawn(move || {
+                for snapshot in loaded {
+                    if sender.send(Update::Manifests(snapshot)).is_err() {
+                        break;
+                    }
+                }
+                let _ = watcher.join();
+            })
+            .context("starting the manifests update thread")
+    }
+
+    /// Takes queued updates in: of manifest reads only the newest matters, API batches are
+    /// changes and all count, in order.
+    pub fn ingest_updates(&mut self, first: Update, rest: impl Iterator<Item = Update>) {
+        let mut newest = None;
+        for update in std::iter::once(first).chain(rest) {
+            match update {
+                Update::Manifests(loaded) => newest = Some(loaded),
+                Update::Api(batch) => match &mut self.api {
+                    Some(api) => api.ingest.ingest(batch, &mut self.state),
+                    None => warn!("an API batch reached a manifests pipeline; ignored"),
+                },
+            }
+        }
+        if let Some(loaded) = newest {
+            self.ingest(loaded);
+        }
     }
 
     /// Reads the directory once and feeds it in.

@@ -53,9 +53,9 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing the signal handler")?;
     }
-    let mut pipeline = Pipeline::new(&args.source)?;
+    let mut pipeline = Pipeline::for_node(&args.source, &args.node_name)?;
     let (loads, loaded) = mpsc::channel();
-    let watcher = pipeline.spawn_watcher(loads, Arc::clone(&stop))?;
+    let watcher = pipeline.spawn_source(loads, Arc::clone(&stop))?;
     let mut plan = NodePlan::new(node_config(args)?);
     let mut backend = Dataplane::new(args)?;
     let conntrack = ConntrackCli::new();
@@ -68,9 +68,8 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
     while !stop.load(Ordering::Relaxed) {
         match loaded.recv_timeout(TICK) {
             Ok(snapshot) => {
-                // Several reloads may be queued; only the newest matters.
-                let newest = loaded.try_iter().last().unwrap_or(snapshot);
-                pipeline.ingest(newest);
+                // Several updates may be queued (of manifest reads only the newest matters).
+                pipeline.ingest_updates(snapshot, loaded.try_iter());
                 has_snapshot = true;
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -81,7 +80,8 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
             continue;
         }
         let retry_due = retry_at.is_some_and(|at| Instant::now() >= at);
-        if !pipeline.has_changes() && !retry_due {
+        let rules_changed = backend.rules_changed_behind_our_back();
+        if !pipeline.has_changes() && !retry_due && !rules_changed {
             continue;
         }
         let started = Instant::now();
@@ -121,8 +121,8 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
 
 /// Prints the nft script `proxy` would apply from scratch.
 pub fn render(args: &ProxyArgs) -> anyhow::Result<()> {
-    let mut pipeline = Pipeline::new(&args.source)?;
-    pipeline.load_once();
+    let mut pipeline = Pipeline::for_node(&args.source, &args.node_name)?;
+    pipeline.load_initial()?;
     let plan = NodePlan::build(&pipeline.state, node_config(args)?);
     print!("{}", Dataplane::render(args.mode, &plan)?);
     // Served by the proxy itself, not by nftables; shown so the output is the whole story.

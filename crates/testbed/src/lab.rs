@@ -574,12 +574,8 @@ impl Lab {
     /// the nat hooks run, so a node with no route cannot even try to reach a ClusterIP.
     /// The routes point at the lab's own LAN; nothing can leave the lab.
     pub fn route_service_ranges_on_nodes(&self) -> Result<(), LabError> {
-        let ranges = [
-            IpNet::V4(SERVICE_V4),
-            IpNet::V6(SERVICE_V6),
-            IpNet::V4(LOAD_BALANCER_V4),
-            IpNet::V6(LOAD_BALANCER_V6),
-        ];
+        let ranges =
+            [IpNet::V4(SERVICE_V4), IpNet::V6(SERVICE_V6), IpNet::V4(LOAD_BALANCER_V4), IpNet::V6(LOAD_BALANCER_V6)];
         for node in &self.nodes {
             for network in ranges {
                 let network = network.to_string();

@@ -1,0 +1,448 @@
+//! Side by side with upstream: the shared scenario table against upstream kube-proxy
+//! (nftables mode) and against `svcplane proxy`, both reading the same Services, Pods and
+//! EndpointSlices from a real API server.
+//!
+//! Two identical two-node labs are built. Each gets its own control plane on its LAN, the
+//! scenario fixture (Nodes, Services with their fixed addresses and ports, Pods with their
+//! status, explicit EndpointSlices) written through the API, and kube-controller-manager's
+//! EndpointSlice controller; then one lab runs upstream kube-proxy on both nodes, the other
+//! `svcplane proxy --kubeconfig` on both nodes, both with `--nodeport-addresses primary`.
+//! Every row of the table (each family) is probed in both labs and what was seen (which
+//! pods answered and which source address they saw, a refusal, silence, the health check's
+//! answer) must be the same. A difference fails the test unless [`deliberate`] names it
+//! as a deliberate improvement, with the reason.
+//!
+//! Not compared here: rows that change endpoints while they run (the table's
+//! `ENDPOINT_CHANGES`, which drive the manifests directory), and the NodePort address
+//! defaults (kube-proxy's nftables mode defaults to the primary addresses, svcplane to all
+//! of them, as kube-proxy's iptables mode: both run with `primary` here).
+//!
+//! Skipped when the upstream binaries are not built or the test is not root, unless
+//! `SVCPLANE_REQUIRE_K8S=1` (CI) makes that a failure.
+
+mod kube_support;
+mod scenarios;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube_support::{CLUSTER_CIDRS, KubeLab, eventually};
+use scenarios::manifests::{self, CLIENT_INSIDE_RANGES, CLIENTS, LAB_PODS, OTHER_NODE, THIS_NODE};
+use scenarios::net::{self, Failure};
+use scenarios::real::{Resolved, resolve};
+use scenarios::{Family, Outcome, Protocol, Scenario};
+use svcplane_control_plane::{UpstreamBinaries, binaries_for_test};
+use svcplane_testbed::Lab;
+
+/// Where svcplane deliberately behaves differently from upstream kube-proxy: the reason, or
+/// `None` when the difference is a failure.
+fn deliberate(row: &Scenario, theirs: &Seen, mine: &Seen) -> Option<&'static str> {
+    let refused_at_once = row.expect == Outcome::Rejected && row.protocol == Protocol::Tcp && row.family == Family::V6;
+    (refused_at_once && *theirs == Seen::Silent && *mine == Seen::Refused).then_some(
+        "kube-proxy's `reject-chain` answers IPv6 TCP with an ICMPv6 port unreachable, which the client here never \
+         sees as a refusal (it times out); svcplane resets TCP in both families, so the client fails at once as \
+         the row requires",
+    )
+}
+
+const PROGRAMMED_WITHIN: Duration = Duration::from_secs(60);
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+const SILENCE_TIMEOUT: Duration = Duration::from_millis(800);
+const MAX_PROBES: usize = 60;
+const PARALLEL_ROWS: usize = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Implementation {
+    KubeProxy,
+    Svcplane,
+}
+
+impl Implementation {
+    fn name(self) -> &'static str {
+        match self {
+            Implementation::KubeProxy => "kube-proxy",
+            Implementation::Svcplane => "svcplane",
+        }
+    }
+}
+
+/// One lab with its control plane and proxies.
+struct Side {
+    implementation: Implementation,
+    kube: KubeLab,
+    logs: Vec<std::path::PathBuf>,
+}
+
+fn build_lab() -> Lab {
+    let lab = Lab::builder()
+        .nodes(2)
+        .pods_per_node(2)
+        .pod(THIS_NODE, manifests::POD_ON_THIS_NODE)
+        .pod(OTHER_NODE, manifests::POD_ON_OTHER_NODE)
+        .clients(CLIENTS)
+        .build()
+        .expect("a lab (needs root)");
+    for pod in LAB_PODS {
+        let lab_pod = lab.pod(pod.name);
+        assert_eq!(lab_pod.node(), pod.node);
+        assert_eq!(lab_pod.ips(), [manifests::pod_ip(pod.name, Family::V4), manifests::pod_ip(pod.name, Family::V6)]);
+    }
+    lab.start_echo_in_all_pods(manifests::ECHO_PORT, Path::new(env!("CARGO_BIN_EXE_svcplane"))).expect("echo servers");
+    for client in 1..=CLIENTS {
+        lab.route_cluster_ranges_via(client, THIS_NODE).expect("routing the clients via node1");
+    }
+    // As the scenario fixture: secondary node addresses, no ICMP rate limit, the affinity
+    // clients' extra addresses.
+    for node in lab.nodes() {
+        let namespace = node.namespace_name();
+        let v4 = manifests::node_secondary_ip(node.index(), Family::V4);
+        let v6 = manifests::node_secondary_ip(node.index(), Family::V6);
+        let (v4, v6) = (format!("{v4}/32"), format!("{v6}/128"));
+        let commands: [&[&str]; 4] = [
+            &["ip", "address", "add", &v4, "dev", node.lan_interface()],
+            &["ip", "address", "add", &v6, "dev", node.lan_interface(), "nodad", "preferred_lft", "0"],
+            &["sysctl", "-qw", "net.ipv4.icmp_ratelimit=0"],
+            &["sysctl", "-qw", "net.ipv6.icmp.ratelimit=0"],
+        ];
+        for command in commands {
+            lab.exec_ok(namespace, command).expect("preparing a node");
+        }
+    }
+    let client = lab.client(CLIENT_INSIDE_RANGES).namespace_name().to_owned();
+    for family in [Family::V4, Family::V6] {
+        for ip in manifests::affinity_client_ips(family) {
+            let command: Vec<String> = if ip.is_ipv4() {
+                ["ip", "address", "add", &format!("{ip}/24"), "dev", "eth0"].map(String::from).to_vec()
+            } else {
+                ["ip", "address", "add", &format!("{ip}/64"), "dev", "eth0", "nodad", "preferred_lft", "0"]
+                    .map(String::from)
+                    .to_vec()
+            };
+            lab.exec_ok(&client, &command).expect("affinity client addresses");
+        }
+    }
+    lab
+}
+
+/// Writes the scenario fixture through the API: Nodes, Services (with their load-balancer
+/// status), Pods (then their status, as a kubelet would; Pods the fixture shows as being
+/// deleted are deleted with a long grace period), explicit EndpointSlices.
+fn load_fixture(kube: &KubeLab) -> BTreeSet<String> {
+    let dir = tempfile::tempdir().expect("a directory for the fixture");
+    for (file, text) in manifests::initial_files() {
+        std::fs::write(dir.path().join(file), text).expect("writing the fixture");
+    }
+    let loaded = svcplane_source::load_directory(dir.path());
+    assert!(loaded.errors.is_empty(), "the fixture parses: {:?}", loaded.errors);
+    let objects = loaded.objects;
+    for node in &objects.nodes {
+        kube.client.create_node(node).expect("a Node");
+    }
+    for service in &objects.services {
+        let mut spec_only = service.clone();
+        spec_only.status = None;
+        spec_only.metadata.namespace.get_or_insert_with(|| "default".into());
+        let name = service.metadata.name.clone().unwrap_or_default();
+        kube.client.create(&spec_only).unwrap_or_else(|e| panic!("Service {name}: {e}"));
+        if let Some(status) = &service.status {
+            kube.client
+                .merge_patch::<Service>("default", &name, serde_json::json!({ "status": status }), true)
+                .unwrap_or_else(|e| panic!("status of Service {name}: {e}"));
+        }
+    }
+    for pod in &objects.pods {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let mut spec_only = pod.clone();
+        spec_only.status = None;
+        spec_only.metadata.deletion_timestamp = None;
+        spec_only.metadata.namespace.get_or_insert_with(|| "default".into());
+        kube.client.create(&spec_only).unwrap_or_else(|e| panic!("Pod {name}: {e}"));
+        kube.client
+            .merge_patch::<Pod>("default", &name, serde_json::json!({ "status": pod.status }), true)
+            .unwrap_or_else(|e| panic!("status of Pod {name}: {e}"));
+        if pod.metadata.deletion_timestamp.is_some() {
+            kube.client.delete::<Pod>("default", &name, Some(3600)).expect("deleting a Pod");
+        }
+    }
+    for slice in &objects.slices {
+        kube.client.create(slice).unwrap_or_else(|e| panic!("EndpointSlice {:?}: {e}", slice.metadata.name));
+    }
+    objects
+        .services
+        .iter()
+        .filter(|s| s.spec.as_ref().and_then(|spec| spec.selector.as_ref()).is_some_and(|sel| !sel.is_empty()))
+        .filter_map(|s| s.metadata.name.clone())
+        .collect()
+}
+
+/// Waits until kube-controller-manager has written slices for every Service with a
+/// selector. Every Pod exists before it starts, so its first slices are complete, and the
+/// proxies started after this see the whole fixture in their initial lists.
+fn wait_for_upstream_slices(kube: &KubeLab, services: &BTreeSet<String>) {
+    let done = eventually(PROGRAMMED_WITHIN, || {
+        let slices: Vec<EndpointSlice> = kube
+            .client
+            .list(Some("default"), Some("endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io"))
+            .ok()?;
+        let covered: BTreeSet<String> = slices
+            .iter()
+            .filter_map(|s| s.metadata.labels.as_ref()?.get("kubernetes.io/service-name").cloned())
+            .collect();
+        services.is_subset(&covered).then_some(())
+    });
+    assert!(done.is_some(), "kube-controller-manager did not write the slices of {services:?} in time");
+}
+
+fn start_side(binaries: &UpstreamBinaries, implementation: Implementation) -> Side {
+    let kube = KubeLab::start_without_nodes(binaries, build_lab());
+    let selecting = load_fixture(&kube);
+    kube.plane.start_controller_manager("endpointslice-controller").expect("kube-controller-manager");
+    wait_for_upstream_slices(&kube, &selecting);
+    let kubeconfig = kube.plane.kubeconfig().display().to_string();
+    let mut logs = Vec::new();
+    for node in [THIS_NODE, OTHER_NODE] {
+        let lab_node = kube.lab.node(node);
+        let args: Vec<String> = match implementation {
+            Implementation::KubeProxy => vec![
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--hostname-override={}", lab_node.name()),
+                "--proxy-mode=nftables".into(),
+                format!("--cluster-cidr={}", CLUSTER_CIDRS.join(",")),
+                "--nodeport-addresses=primary".into(),
+                "--conntrack-max-per-core=0".into(),
+                "--conntrack-tcp-timeout-established=0s".into(),
+                "--conntrack-tcp-timeout-close-wait=0s".into(),
+                "--metrics-bind-address=127.0.0.1:10249".into(),
+                "--v=2".into(),
+            ],
+            Implementation::Svcplane => {
+                let [v4, v6] = lab_node.ips().map(|ip| ip.to_string());
+                let mut args: Vec<String> =
+                    ["proxy", "--kubeconfig", &kubeconfig, "--node-name", lab_node.name()].map(String::from).to_vec();
+                args.extend(["--node-ip".into(), v4, "--node-ip".into(), v6]);
+                for cidr in CLUSTER_CIDRS {
+                    args.extend(["--cluster-cidr".to_owned(), cidr.to_owned()]);
+                }
+                args.extend(["--nodeport-addresses".to_owned(), "primary".to_owned()]);
+                args
+            }
+        };
+        let program = match implementation {
+            Implementation::KubeProxy => "kube-proxy",
+            Implementation::Svcplane => env!("CARGO_BIN_EXE_svcplane"),
+        };
+        let what = format!("{}-{}", implementation.name(), lab_node.name());
+        let (_, log) = kube.plane.spawn(&what, lab_node.namespace_name(), program, &args).expect("starting a proxy");
+        logs.push(log);
+    }
+    let side = Side { implementation, kube, logs };
+    side.wait_until_programmed();
+    side
+}
+
+impl Side {
+    fn lab(&self) -> &Lab {
+        &self.kube.lab
+    }
+
+    fn log_tails(&self) -> String {
+        self.logs.iter().map(|log| format!("--- {}\n{}\n", log.display(), kube_support::log_tail(log))).collect()
+    }
+
+    /// The echo Service answers from both nodes in both families.
+    fn wait_until_programmed(&self) {
+        let echo = manifests::SERVICES.iter().find(|s| s.name == manifests::ECHO_SERVICE).expect("echo");
+        let mut pending: Vec<(u16, SocketAddr)> = Vec::new();
+        for node in [THIS_NODE, OTHER_NODE] {
+            for v6 in [false, true] {
+                pending.push((node, echo.cluster_ip_address(v6).expect("echo is dual-stack")));
+            }
+        }
+        let done = eventually(PROGRAMMED_WITHIN, || {
+            pending.retain(|(node, target)| {
+                let namespace = self.lab().node(*node).namespace_name();
+                self.lab().tcp_request(namespace, *target, Duration::from_millis(300)).is_err()
+            });
+            pending.is_empty().then_some(())
+        });
+        assert!(
+            done.is_some(),
+            "{} did not program the echo Service within {PROGRAMMED_WITHIN:?}\n{}",
+            self.implementation.name(),
+            self.log_tails()
+        );
+    }
+}
+
+/// What one row's probes saw in one lab.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    /// Which pods answered and what each saw as the client (`client`, `node`, or the address).
+    Answered(BTreeMap<String, BTreeSet<String>>),
+    /// Sticky rows: how many different pods one client reached in a row of requests.
+    Sticky(usize),
+    Refused,
+    Silent,
+    Health {
+        status: u16,
+        local_endpoints: Option<u64>,
+    },
+    /// The row has no address of that family to send to.
+    NoTarget,
+    Failed(String),
+}
+
+fn source_kind(resolved: &Resolved, reply: &svcplane_testbed::EchoReply) -> String {
+    let seen = reply.client_addr.ip();
+    if seen == resolved.client_ip {
+        "client".into()
+    } else if manifests::node_addresses(resolved.entry_node).contains(&seen) {
+        "node".into()
+    } else {
+        seen.to_string()
+    }
+}
+
+fn namespace_of(lab: &Lab, resolved: &Resolved) -> String {
+    match (resolved.sender_pod, resolved.client) {
+        (Some(pod), _) => lab.pod(pod).namespace_name().to_owned(),
+        (None, Some(client)) => lab.client(client).namespace_name().to_owned(),
+        (None, None) => lab.node(resolved.entry_node).namespace_name().to_owned(),
+    }
+}
+
+fn observe(side: &Side, row: &Scenario) -> Seen {
+    let Some(service) = manifests::SERVICES.iter().find(|s| s.name == row.service) else {
+        return Seen::Failed(format!("no Service {}", row.service));
+    };
+    let resolved = match resolve(row, service) {
+        Ok(resolved) => resolved,
+        Err(error) => return Seen::Failed(error),
+    };
+    let Some(target) = resolved.target else { return Seen::NoTarget };
+    let lab = side.lab();
+    let namespace = namespace_of(lab, &resolved);
+    if let Outcome::HealthCheck { .. } = row.expect {
+        return match net::http_get(lab, &namespace, target, ANSWER_TIMEOUT) {
+            Ok((status, body)) => {
+                let local_endpoints = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|json| json.get("localEndpoints").and_then(serde_json::Value::as_u64));
+                Seen::Health { status, local_endpoints }
+            }
+            Err(error) => Seen::Failed(format!("{error}")),
+        };
+    }
+    let expected: BTreeSet<&str> = match row.expect {
+        Outcome::Answered { by } => by.iter().copied().collect(),
+        _ => BTreeSet::new(),
+    };
+    let sticky = matches!(row.expect, Outcome::StickyThenFreshAfterIdle { .. } | Outcome::StickyWhileTalking { .. });
+    let timeout = if expected.is_empty() && !sticky { SILENCE_TIMEOUT } else { ANSWER_TIMEOUT };
+    let mut answers: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for sent in 0..MAX_PROBES {
+        let enough =
+            if sticky { sent >= 6 } else { sent >= 2 && expected.iter().all(|pod| answers.contains_key(*pod)) };
+        if enough {
+            break;
+        }
+        match net::request(lab, &namespace, row.protocol, target, None, timeout) {
+            Ok(reply) => {
+                let kind = source_kind(&resolved, &reply);
+                answers.entry(reply.server_name).or_default().insert(kind);
+            }
+            Err(failure) if answers.is_empty() => {
+                return match failure {
+                    Failure::Refused => Seen::Refused,
+                    Failure::TimedOut => Seen::Silent,
+                    Failure::Other(error) if error.contains("Operation not permitted") => Seen::Refused,
+                    Failure::Other(error) => Seen::Failed(error),
+                };
+            }
+            Err(failure) => return Seen::Failed(format!("after answers {answers:?}: {failure}")),
+        }
+    }
+    if sticky { Seen::Sticky(answers.len()) } else { Seen::Answered(answers) }
+}
+
+/// The rows compared: the whole table but the rows that change endpoints and the NodePort
+/// address sets whose flags differ from `primary`.
+fn rows() -> Vec<Scenario> {
+    let mut tables: Vec<&[Scenario]> = vec![
+        scenarios::REACHABILITY,
+        scenarios::NO_ENDPOINTS,
+        scenarios::TRAFFIC_POLICY,
+        scenarios::LOAD_BALANCER,
+        scenarios::EXTERNAL_IPS,
+        scenarios::HEALTH_CHECKS,
+        scenarios::TERMINATING,
+        scenarios::TOPOLOGY,
+        scenarios::IGNORED,
+        scenarios::NODEPORT_ADDRESSES_PRIMARY,
+        scenarios::AFFINITY,
+    ];
+    if net::sctp_supported().is_ok() {
+        tables.push(scenarios::SCTP);
+    }
+    tables.into_iter().flatten().filter(|row| !row.expect.mutates()).flat_map(Scenario::each_family).collect()
+}
+
+#[test]
+fn upstream_kube_proxy_and_svcplane_answer_every_scenario_row_alike_from_the_same_api_server() {
+    let Some(binaries) = binaries_for_test("kube_differential") else { return };
+    let (upstream, ours) = std::thread::scope(|scope| {
+        let upstream = scope.spawn(|| start_side(&binaries, Implementation::KubeProxy));
+        let ours = scope.spawn(|| start_side(&binaries, Implementation::Svcplane));
+        (upstream.join().expect("the kube-proxy lab"), ours.join().expect("the svcplane lab"))
+    });
+    let rows = rows();
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<(Scenario, Seen, Seen)>> = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..PARALLEL_ROWS {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(row) = rows.get(index) else { break };
+                    let theirs = observe(&upstream, row);
+                    let mine = observe(&ours, row);
+                    results.lock().expect("results").push((*row, theirs, mine));
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().expect("results");
+    results.sort_by_key(|result| result.0.label());
+    let mut failures = Vec::new();
+    let mut same = 0;
+    for (row, theirs, mine) in &results {
+        let label = row.label();
+        if theirs == mine {
+            same += 1;
+            continue;
+        }
+        match deliberate(row, theirs, mine) {
+            Some(reason) => {
+                eprintln!("deliberate difference: {label}: kube-proxy {theirs:?}, svcplane {mine:?}: {reason}")
+            }
+            None => failures.push(format!("{label}\n    kube-proxy: {theirs:?}\n    svcplane:   {mine:?}")),
+        }
+    }
+    eprintln!("{same} of {} rows alike", results.len());
+    if !failures.is_empty() {
+        panic!(
+            "{} of {} rows differ between upstream kube-proxy and svcplane:\n{}\n\nkube-proxy logs:\n{}\nsvcplane logs:\n{}",
+            failures.len(),
+            results.len(),
+            failures.join("\n"),
+            upstream.log_tails(),
+            ours.log_tails()
+        );
+    }
+}

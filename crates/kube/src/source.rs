@@ -1,0 +1,539 @@
+//! Watching Services, EndpointSlices and (optionally) one Node, and handing the changes on
+//! in batches.
+//!
+//! Each kind has its own kube-runtime watcher (list, then watch; relist when the watch
+//! expires or the API server was gone; retries with a short backoff). Per kind the source
+//! remembers the `resourceVersion` of every object it has passed on:
+//!
+//! - an `Apply` whose resourceVersion was already passed on is dropped (no duplicates);
+//! - a relist (`Init` .. `InitDone`) is buffered and, when complete, compared with what was
+//!   passed on: objects that vanished meanwhile become deletions, new or changed ones
+//!   upserts, unchanged ones nothing (no lost and no duplicate updates across restarts);
+//! - several changes to one object before a batch leaves collapse into the last one.
+//!
+//! Nothing is sent until every kind has completed its first list: the first [`Batch`]
+//! (`initial: true`) is the complete state, so a consumer never programs a partial view.
+//! After that a batch leaves as soon as no further event is immediately ready.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Debug;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use futures::stream::{BoxStream, SelectAll};
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use svcplane_controller::ObjectKey;
+use tracing::{debug, info, warn};
+
+use crate::access::ClusterAccess;
+use crate::error::KubeError;
+
+/// A Service or EndpointSlice with this label belongs to another proxy.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// EndpointSlices of headless Services carry this label.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+
+/// How long to wait for the client to be built before giving up at startup.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the watch loop checks for a stop request.
+const STOP_CHECK: Duration = Duration::from_millis(100);
+/// Watch errors with the same text are logged at most this often.
+const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(30);
+
+/// What to watch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WatchOptions {
+    /// Also watch this Node (the proxy's own, for its addresses and zone).
+    pub node_name: Option<String>,
+    /// Leave out, on the server side, what kube-proxy never handles: Services and slices
+    /// labelled `service.kubernetes.io/service-proxy-name` and headless slices. DNS wants
+    /// them, the proxy does not.
+    pub proxy_filters: bool,
+}
+
+impl WatchOptions {
+    /// What `svcplane proxy` on `node` needs.
+    pub fn for_proxy(node: impl Into<String>) -> Self {
+        Self { node_name: Some(node.into()), proxy_filters: true }
+    }
+
+    /// What cluster DNS needs: every Service and slice, no Node.
+    pub fn for_dns() -> Self {
+        Self { node_name: None, proxy_filters: false }
+    }
+}
+
+/// One object's new state: the object, or `None` once deleted.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ObjectChange {
+    Service(ObjectKey, Option<Box<Service>>),
+    Slice(ObjectKey, Option<Box<EndpointSlice>>),
+    Node(String, Option<Box<Node>>),
+}
+
+/// Changes that left together. Nodes come first, then Services, then slices.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch {
+    /// The first batch: the complete state after every initial list.
+    pub initial: bool,
+    pub changes: Vec<ObjectChange>,
+}
+
+/// Starts watching on a thread of its own (with its own single-threaded runtime), sending
+/// every batch to `sender` until `stop` is set or the receiver is gone. Fails when the
+/// client cannot be built (unreadable kubeconfig, not in a Pod); an unreachable API server
+/// is no failure: the watches retry until it answers.
+pub fn spawn_watch(
+    access: &ClusterAccess,
+    options: WatchOptions,
+    sender: Sender<Batch>,
+    stop: Arc<AtomicBool>,
+) -> Result<JoinHandle<()>, KubeError> {
+    let (ready, started) = mpsc::channel::<Result<(), KubeError>>();
+    let access = access.clone();
+    let handle = thread::Builder::new()
+        .name("api-watch".to_owned())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(source) => {
+                    let _ = ready.send(Err(KubeError::StartRuntime { source }));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let client = match access.client().await {
+                    Ok(client) => client,
+                    Err(error) => {
+                        let _ = ready.send(Err(error));
+                        return;
+                    }
+                };
+                let _ = ready.send(Ok(()));
+                info!(%access, "watching the Kubernetes API");
+                watch(client, &options, &sender, &stop).await;
+            });
+        })
+        .map_err(|source| KubeError::StartRuntime { source })?;
+    match started.recv_timeout(CONNECT_TIMEOUT) {
+        Ok(Ok(())) => Ok(handle),
+        Ok(Err(error)) => {
+            let _ = handle.join();
+            Err(error)
+        }
+        Err(_) => Err(KubeError::StartRuntime {
+            source: std::io::Error::new(std::io::ErrorKind::TimedOut, "the client was not built in time"),
+        }),
+    }
+}
+
+/// A short, capped exponential backoff, so a restarted API server is seen again within a
+/// few seconds (kube-runtime's default waits up to 30 s).
+#[derive(Debug, Clone)]
+pub(crate) struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    const FIRST: Duration = Duration::from_millis(200);
+    const MAX: Duration = Duration::from_secs(4);
+
+    pub(crate) fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let current = self.next;
+        self.next = (current * 2).min(Self::MAX);
+        Some(current)
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+#[allow(clippy::large_enum_variant, reason = "short-lived, one per watch event; boxing would only add allocations")]
+enum Incoming {
+    Service(Result<Event<Service>, watcher::Error>),
+    Slice(Result<Event<EndpointSlice>, watcher::Error>),
+    Node(Result<Event<Node>, watcher::Error>),
+}
+
+fn stream_of<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    wrap: fn(Result<Event<K>, watcher::Error>) -> Incoming,
+) -> BoxStream<'static, Incoming>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    watcher::watcher(api, config).backoff(WatchBackoff::new()).map(wrap).boxed()
+}
+
+async fn watch(client: Client, options: &WatchOptions, sender: &Sender<Batch>, stop: &AtomicBool) {
+    let mut streams: SelectAll<BoxStream<'static, Incoming>> = SelectAll::new();
+    let mut proxy_labels = watcher::Config::default();
+    if options.proxy_filters {
+        proxy_labels = proxy_labels.labels(&format!("!{SERVICE_PROXY_NAME_LABEL}"));
+    }
+    streams.push(stream_of(Api::<Service>::all(client.clone()), proxy_labels, Incoming::Service));
+    let mut slice_labels = watcher::Config::default();
+    if options.proxy_filters {
+        slice_labels = slice_labels.labels(&format!("!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}"));
+    }
+    streams.push(stream_of(Api::<EndpointSlice>::all(client.clone()), slice_labels, Incoming::Slice));
+    let mut state = WatchState::new(options.node_name.is_some());
+    if let Some(node) = &options.node_name {
+        let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+        streams.push(stream_of(Api::<Node>::all(client), config, Incoming::Node));
+    }
+
+    let mut ticker = tokio::time::interval(STOP_CHECK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut streams = pin!(streams);
+    loop {
+        tokio::select! {
+            incoming = streams.next() => {
+                let Some(incoming) = incoming else { return };
+                state.handle(incoming);
+                // Take everything that is already there before handing a batch on.
+                while let Some(Some(incoming)) = streams.next().now_or_never() {
+                    state.handle(incoming);
+                }
+                if let Some(batch) = state.take_batch()
+                    && sender.send(batch).is_err()
+                {
+                    debug!("nobody listens for API changes any more; stopping");
+                    return;
+                }
+            }
+            _ = ticker.tick() => {}
+        }
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+    }
+}
+
+/// What one kind of object has passed on, and a relist in progress.
+#[derive(Debug)]
+struct Tracker<K> {
+    kind: &'static str,
+    /// resourceVersion of every object passed on (or about to be, in `pending`).
+    known: HashMap<ObjectKey, String>,
+    /// Objects of a relist in progress.
+    relist: Option<HashMap<ObjectKey, K>>,
+    /// Changes not yet sent; `None` = deleted.
+    pending: BTreeMap<ObjectKey, Option<K>>,
+    lists: u32,
+    last_error: Option<(String, Instant)>,
+}
+
+impl<K: Resource + Clone> Tracker<K> {
+    fn new(kind: &'static str) -> Self {
+        Self { kind, known: HashMap::new(), relist: None, pending: BTreeMap::new(), lists: 0, last_error: None }
+    }
+
+    fn is_synced(&self) -> bool {
+        self.lists > 0
+    }
+
+    fn handle(&mut self, incoming: Result<Event<K>, watcher::Error>) {
+        let event = match incoming {
+            Ok(event) => event,
+            Err(error) => {
+                let text = error.to_string();
+                let repeated = self
+                    .last_error
+                    .as_ref()
+                    .is_some_and(|(last, at)| *last == text && at.elapsed() < ERROR_LOG_INTERVAL);
+                if !repeated {
+                    warn!(kind = self.kind, "watching the API failed, retrying: {text}");
+                    self.last_error = Some((text, Instant::now()));
+                }
+                return;
+            }
+        };
+        match event {
+            Event::Apply(object) => self.apply(object),
+            Event::Delete(object) => {
+                let key = ObjectKey::of(object.meta());
+                if self.known.remove(&key).is_some() {
+                    self.pending.insert(key, None);
+                }
+            }
+            Event::Init => self.relist = Some(HashMap::new()),
+            Event::InitApply(object) => {
+                let key = ObjectKey::of(object.meta());
+                self.relist.get_or_insert_with(HashMap::new).insert(key, object);
+            }
+            Event::InitDone => {
+                let listed = self.relist.take().unwrap_or_default();
+                let gone: Vec<ObjectKey> =
+                    self.known.keys().filter(|key| !listed.contains_key(*key)).cloned().collect();
+                let count = listed.len();
+                for key in gone {
+                    self.known.remove(&key);
+                    self.pending.insert(key, None);
+                }
+                for object in listed.into_values() {
+                    self.apply(object);
+                }
+                self.lists += 1;
+                if self.lists > 1 {
+                    info!(kind = self.kind, objects = count, "relisted");
+                } else {
+                    debug!(kind = self.kind, objects = count, "listed");
+                }
+                self.last_error = None;
+            }
+        }
+    }
+
+    fn apply(&mut self, object: K) {
+        let key = ObjectKey::of(object.meta());
+        let version = object.meta().resource_version.clone().unwrap_or_default();
+        if self.known.get(&key).is_some_and(|known| *known == version && !version.is_empty()) {
+            return;
+        }
+        self.known.insert(key.clone(), version);
+        self.pending.insert(key, Some(object));
+    }
+}
+
+#[derive(Debug)]
+struct WatchState {
+    services: Tracker<Service>,
+    slices: Tracker<EndpointSlice>,
+    nodes: Option<Tracker<Node>>,
+    sent_initial: bool,
+    started: Instant,
+}
+
+impl WatchState {
+    fn new(watch_node: bool) -> Self {
+        Self {
+            services: Tracker::new("Service"),
+            slices: Tracker::new("EndpointSlice"),
+            nodes: watch_node.then(|| Tracker::new("Node")),
+            sent_initial: false,
+            started: Instant::now(),
+        }
+    }
+
+    fn handle(&mut self, incoming: Incoming) {
+        match incoming {
+            Incoming::Service(event) => self.services.handle(event),
+            Incoming::Slice(event) => self.slices.handle(event),
+            Incoming::Node(event) => {
+                if let Some(nodes) = &mut self.nodes {
+                    nodes.handle(event);
+                }
+            }
+        }
+    }
+
+    fn is_synced(&self) -> bool {
+        self.services.is_synced() && self.slices.is_synced() && self.nodes.as_ref().is_none_or(Tracker::is_synced)
+    }
+
+    /// The pending changes as a batch, once every kind has listed; `None` when there is
+    /// nothing to send (yet).
+    fn take_batch(&mut self) -> Option<Batch> {
+        if !self.is_synced() {
+            return None;
+        }
+        let initial = !self.sent_initial;
+        let mut changes = Vec::new();
+        if let Some(nodes) = &mut self.nodes {
+            changes.extend(
+                std::mem::take(&mut nodes.pending)
+                    .into_iter()
+                    .map(|(key, node)| ObjectChange::Node(key.name, node.map(Box::new))),
+            );
+        }
+        changes.extend(
+            std::mem::take(&mut self.services.pending)
+                .into_iter()
+                .map(|(key, service)| ObjectChange::Service(key, service.map(Box::new))),
+        );
+        changes.extend(
+            std::mem::take(&mut self.slices.pending)
+                .into_iter()
+                .map(|(key, slice)| ObjectChange::Slice(key, slice.map(Box::new))),
+        );
+        if changes.is_empty() && !initial {
+            return None;
+        }
+        if initial {
+            info!(
+                services = self.services.known.len(),
+                slices = self.slices.known.len(),
+                elapsed_ms = self.started.elapsed().as_millis(),
+                "initial lists complete"
+            );
+        }
+        self.sent_initial = true;
+        Some(Batch { initial, changes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn service(name: &str, version: &str) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                namespace: Some("default".into()),
+                name: Some(name.into()),
+                resource_version: Some(version.into()),
+                ..ObjectMeta::default()
+            },
+            ..Service::default()
+        }
+    }
+
+    fn slice(name: &str, version: &str) -> EndpointSlice {
+        EndpointSlice {
+            metadata: ObjectMeta {
+                namespace: Some("default".into()),
+                name: Some(name.into()),
+                resource_version: Some(version.into()),
+                ..ObjectMeta::default()
+            },
+            ..EndpointSlice::default()
+        }
+    }
+
+    fn list<K>(objects: Vec<K>) -> Vec<Result<Event<K>, watcher::Error>> {
+        let mut events = vec![Ok(Event::Init)];
+        events.extend(objects.into_iter().map(|o| Ok(Event::InitApply(o))));
+        events.push(Ok(Event::InitDone));
+        events
+    }
+
+    fn names(batch: &Batch) -> Vec<String> {
+        batch
+            .changes
+            .iter()
+            .map(|change| match change {
+                ObjectChange::Service(key, object) => format!("svc {} {}", key.name, object.is_some()),
+                ObjectChange::Slice(key, object) => format!("slice {} {}", key.name, object.is_some()),
+                ObjectChange::Node(name, object) => format!("node {name} {}", object.is_some()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nothing_is_sent_before_every_kind_has_listed_and_then_everything_at_once() {
+        let mut state = WatchState::new(false);
+        for event in list(vec![service("web", "1"), service("api", "2")]) {
+            state.handle(Incoming::Service(event));
+        }
+        assert_eq!(state.take_batch(), None, "slices have not listed yet");
+        for event in list(vec![slice("web-1", "3")]) {
+            state.handle(Incoming::Slice(event));
+        }
+        let batch = state.take_batch().expect("the initial batch");
+        assert!(batch.initial);
+        assert_eq!(names(&batch), ["svc api true", "svc web true", "slice web-1 true"]);
+        assert_eq!(state.take_batch(), None);
+    }
+
+    #[test]
+    fn an_empty_cluster_still_sends_an_initial_batch() {
+        let mut state = WatchState::new(false);
+        for event in list(Vec::new()) {
+            state.handle(Incoming::Service(event));
+        }
+        for event in list(Vec::new()) {
+            state.handle(Incoming::Slice(event));
+        }
+        assert_eq!(state.take_batch(), Some(Batch { initial: true, changes: Vec::new() }));
+    }
+
+    #[test]
+    fn a_relist_after_a_restart_reports_only_what_changed_meanwhile() {
+        let mut state = WatchState::new(false);
+        for event in list(vec![service("kept", "1"), service("changed", "2"), service("deleted", "3")]) {
+            state.handle(Incoming::Service(event));
+        }
+        for event in list(Vec::new()) {
+            state.handle(Incoming::Slice(event));
+        }
+        state.take_batch();
+        // The watch broke; the relist shows one object changed, one gone, one new.
+        for event in list(vec![service("kept", "1"), service("changed", "7"), service("new", "8")]) {
+            state.handle(Incoming::Service(event));
+        }
+        let batch = state.take_batch().expect("the relist's changes");
+        assert!(!batch.initial);
+        assert_eq!(names(&batch), ["svc changed true", "svc deleted false", "svc new true"]);
+    }
+
+    #[test]
+    fn an_event_seen_twice_is_passed_on_once_and_changes_to_one_object_collapse() {
+        let mut state = WatchState::new(false);
+        for event in list(Vec::new()) {
+            state.handle(Incoming::Service(event));
+        }
+        for event in list(Vec::new()) {
+            state.handle(Incoming::Slice(event));
+        }
+        state.take_batch();
+        state.handle(Incoming::Service(Ok(Event::Apply(service("web", "5")))));
+        state.handle(Incoming::Service(Ok(Event::Apply(service("web", "6")))));
+        assert_eq!(names(&state.take_batch().unwrap()), ["svc web true"]);
+        state.handle(Incoming::Service(Ok(Event::Apply(service("web", "6")))));
+        assert_eq!(state.take_batch(), None, "the same resourceVersion again is no change");
+        state.handle(Incoming::Service(Ok(Event::Delete(service("web", "6")))));
+        state.handle(Incoming::Service(Ok(Event::Delete(service("web", "6")))));
+        assert_eq!(names(&state.take_batch().unwrap()), ["svc web false"]);
+        state.handle(Incoming::Service(Ok(Event::Delete(service("never-seen", "9")))));
+        assert_eq!(state.take_batch(), None, "deleting what was never passed on is no change");
+    }
+
+    #[test]
+    fn the_proxy_waits_for_its_node_too() {
+        let mut state = WatchState::new(true);
+        for event in list(Vec::new()) {
+            state.handle(Incoming::Service(event));
+        }
+        for event in list(Vec::new()) {
+            state.handle(Incoming::Slice(event));
+        }
+        assert_eq!(state.take_batch(), None);
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some("node1".into()),
+                resource_version: Some("1".into()),
+                ..ObjectMeta::default()
+            },
+            ..Node::default()
+        };
+        for event in list(vec![node]) {
+            state.handle(Incoming::Node(event));
+        }
+        assert_eq!(names(&state.take_batch().unwrap()), ["node node1 true"]);
+    }
+}
