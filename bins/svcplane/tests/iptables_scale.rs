@@ -248,7 +248,7 @@ fn measure(mode: Mode, plan: &NodePlan, size: usize, counter: &mut usize) -> Row
         }
         let check = match &mut backend {
             AnyBackend::Iptables(b) => {
-                let mut time_check = |with_nat: bool| {
+                let time_check = |with_nat: bool| {
                     let mut samples = Vec::new();
                     for _ in 0..repeat {
                         let started = Instant::now();

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use ipnet::IpNet;
 use svcplane_core::{ChangedKeys, IpFamily, NodePlan, PlanKey};
 use svcplane_iptables::{
-    FakeIptables, Iptables, IptablesError, RestoreTable, Rule, SavedTable, Table, listed_rules, parse_save,
+    FakeIptables, Iptables, IptablesError, RestoreTable, Rule, SavedChain, SavedTable, Table, listed_rules, parse_save,
 };
 use tracing::{debug, warn};
 
@@ -341,6 +341,26 @@ impl<I: Iptables> IptablesBackend<I> {
         Ok(ruleset.table(table).cloned())
     }
 
+    /// The table as a full sync needs it. If it cannot be read whole, the built-in chains
+    /// alone (to know which hooks exist): stale service chains then stay until a later full
+    /// sync can read the table, as kube-proxy leaves them when `iptables-save` fails.
+    fn read_for_full_sync(&self, ip_family: IpFamily, table: Table) -> Result<Option<SavedTable>, SyncError> {
+        let error = match self.read(ip_family, table) {
+            Ok(saved) => return Ok(saved),
+            Err(error) => error,
+        };
+        warn!("{error}; stale service chains stay until the table can be read");
+        let read_error = |source| SyncError::Read { family: ip_family, table, source };
+        let mut saved = SavedTable { name: table.name().to_owned(), chains: Vec::new() };
+        for chain in table.builtin_chains() {
+            let listing = self.iptables.list_chain(family(ip_family), table, chain).map_err(read_error)?;
+            if let Some(text) = listing {
+                saved.chains.push(SavedChain { name: (*chain).to_owned(), policy: None, rules: listed_rules(&text) });
+            }
+        }
+        Ok(Some(saved))
+    }
+
     fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, SyncError> {
         let mut report = SyncReport { full: true, ..SyncReport::default() };
         self.written.clear();
@@ -349,7 +369,7 @@ impl<I: Iptables> IptablesBackend<I> {
             let ports = render_family(plan, ip_family);
             let cidrs = node_port_cidrs(plan, ip_family);
             for table in TABLES {
-                let existing = self.read(ip_family, table)?;
+                let existing = self.read_for_full_sync(ip_family, table)?;
                 let input = full_restore(table, ip_family, &ports, &cidrs, existing.as_ref());
                 self.restore(ip_family, &input, &mut report)?;
             }
@@ -468,7 +488,7 @@ impl<I: Iptables> IptablesBackend<I> {
         }
         self.last_check = Some(Instant::now());
         self.checks = self.checks.wrapping_add(1);
-        match self.canaries_intact(self.checks % NAT_CHECK_EVERY == 0) {
+        match self.canaries_intact(self.checks.is_multiple_of(NAT_CHECK_EVERY)) {
             Ok(true) => false,
             Ok(false) => {
                 warn!("svcplane's iptables rules were changed behind its back (a canary is gone); resyncing in full");

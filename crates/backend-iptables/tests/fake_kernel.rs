@@ -379,6 +379,46 @@ fn a_failed_restore_leaves_the_previous_rules_and_the_next_sync_is_full() {
     assert_eq!(h.backend.iptables().inner.dump(Family::V4), full_sync_dump(&h.state, Family::V4));
 }
 
+/// A kernel whose tables cannot be dumped whole (as `iptables-nft-save` 1.8.9 crashes at
+/// 100k chains), while listing one chain still works.
+struct Unreadable(FakeIptables);
+
+impl Iptables for Unreadable {
+    fn restore(&mut self, family: Family, input: &RestoreTable) -> Result<(), IptablesError> {
+        self.0.restore(family, input)
+    }
+
+    fn save(&self, family: Family, table: Table) -> Result<String, IptablesError> {
+        Err(IptablesError::Read {
+            program: "iptables-save".into(),
+            family,
+            table,
+            message: "killed by signal 11".into(),
+        })
+    }
+
+    fn save_all(&self, family: Family) -> Result<String, IptablesError> {
+        self.save(family, Table::Filter)
+    }
+
+    fn list_chain(&self, family: Family, table: Table, chain: &str) -> Result<Option<String>, IptablesError> {
+        self.0.list_chain(family, table, chain)
+    }
+}
+
+#[test]
+fn a_table_that_cannot_be_dumped_still_gets_full_syncs_without_duplicate_hooks() {
+    let mut h = Harness::new(Unreadable(FakeIptables::new()));
+    h.apply(vec![
+        Change::ServiceUpserted(service("web", "198.19.0.10", ServiceType::ClusterIp)),
+        Change::SliceUpserted(slice("web", &[("198.18.129.1", "node1")])),
+    ])
+    .unwrap();
+    h.backend.request_full_sync();
+    assert!(h.apply(vec![]).unwrap().full);
+    assert_eq!(h.backend.iptables().0.dump(Family::V4), full_sync_dump(&h.state, Family::V4), "one copy of each hook");
+}
+
 #[test]
 fn flushing_the_tables_behind_svcplanes_back_is_noticed_and_repaired_by_a_full_sync() {
     let mut h = web_with_two_endpoints();

@@ -238,10 +238,8 @@ fn check_rule(table: &FakeTable, family: Family, rule: &Rule) -> Result<(), Stri
         }
     }
     match &rule.target {
-        Some(Target::Jump(chain) | Target::Goto(chain)) => {
-            if table.table.is_builtin(chain) || !table.has_chain(chain) {
-                return Err(format!("Couldn't load target `{chain}':No such file or directory"));
-            }
+        Some(Target::Jump(chain) | Target::Goto(chain)) if table.table.is_builtin(chain) || !table.has_chain(chain) => {
+            return Err(format!("Couldn't load target `{chain}':No such file or directory"));
         }
         Some(Target::Dnat(address)) => {
             if table.table != Table::Nat {
