@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use svcplane_backend_nftables::{NftablesBackend, render_full};
 use svcplane_controller::{Allocator, AllocatorConfig, NodePortRange, reconcile};
-use svcplane_core::{Change, ChangedKeys, ClusterState, IpFamily, NodeConfig, NodePlan};
+use svcplane_core::{Change, ClusterState, IpFamily, NodeConfig, NodePlan, PlanDiff};
 use svcplane_nft::{NftCli, NftNetlink};
 use svcplane_source::{DirectoryWatcher, Loaded, SnapshotDiffer, convert_objects, load_directory};
 
@@ -533,7 +533,7 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
         drop(programmed.take());
         let netns = Netns::fresh()?;
         let mut backend = NftablesBackend::new(NftCli::in_network_namespace(&netns.0));
-        let (took, result) = time(|| backend.sync(&plan, &ChangedKeys::new()));
+        let (took, result) = time(|| backend.sync(&plan, &PlanDiff::default()));
         let sync = result?;
         ensure!(sync.full, "the first sync is a full one");
         samples.push(took);
@@ -553,7 +553,7 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
         drop(programmed.take());
         let netns = Netns::fresh()?;
         let mut netlink_backend = NftablesBackend::new(NftNetlink::in_network_namespace(&netns.0)?);
-        let (took, result) = time(|| netlink_backend.sync(&plan, &ChangedKeys::new()));
+        let (took, result) = time(|| netlink_backend.sync(&plan, &PlanDiff::default()));
         ensure!(result?.full, "the first sync is a full one");
         samples.push(took);
         programmed = Some((netlink_backend, netns));
@@ -569,7 +569,7 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
     let mut samples = Vec::new();
     for _ in 0..repeat {
         backend.request_full_sync();
-        let (took, result) = time(|| backend.sync(&plan, &ChangedKeys::new()));
+        let (took, result) = time(|| backend.sync(&plan, &PlanDiff::default()));
         ensure!(result?.full);
         samples.push(took);
     }

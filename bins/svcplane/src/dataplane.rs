@@ -4,7 +4,7 @@
 use anyhow::Context;
 use svcplane_backend_iptables::{IptablesBackend, render_dump};
 use svcplane_backend_nftables::{NftablesBackend, render_full};
-use svcplane_core::{ChangedKeys, IpFamily, NodePlan};
+use svcplane_core::{IpFamily, NodePlan, PlanDiff};
 use svcplane_iptables::{IptablesCli, Variant, detect_variant};
 use svcplane_nft::{NftCli, NftError, NftNetlink, Nftables, TableName, Transaction};
 
@@ -78,7 +78,7 @@ impl Dataplane {
     }
 
     /// Brings the kernel in line with `plan`; `changed` lets a backend sync partially.
-    pub fn sync(&mut self, plan: &NodePlan, changed: &ChangedKeys) -> anyhow::Result<SyncSummary> {
+    pub fn sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> anyhow::Result<SyncSummary> {
         match self {
             Dataplane::Nftables(backend) => {
                 let report = backend.sync(plan, changed)?;

@@ -93,7 +93,16 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
             Ok(report) => {
                 retry_at = None;
                 for cleanup in pending_cleanups.drain(..) {
-                    match conntrack.delete_stale(&cleanup) {
+                    let filter = svcplane_conntrack::UdpFlowFilter {
+                        family: cleanup.family,
+                        destination: match cleanup.destination {
+                            svcplane_core::conntrack::FlowDestination::Address(address) => Some(address),
+                            svcplane_core::conntrack::FlowDestination::NodePort => None,
+                        },
+                        port: cleanup.port,
+                        keep_replies_from: cleanup.keep_replies_from.clone(),
+                    };
+                    match conntrack.delete_udp_flows(&filter) {
                         Ok(0) => {}
                         Ok(deleted) => info!(deleted, port = cleanup.port, "removed stale UDP flows"),
                         Err(error) => warn!("removing stale UDP flows: {error}"),

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use svcplane_backend_iptables::IptablesBackend;
 use svcplane_backend_nftables::NftablesBackend;
 use svcplane_core::{
-    Change, ChangedKeys, ClusterState, Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, NodeConfig,
-    NodePlan, Protocol, Service, ServicePort,
+    Change, ClusterState, Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, NodeConfig, NodePlan,
+    PlanDiff, Protocol, Service, ServicePort,
 };
 use svcplane_iptables::{IptablesCli, Variant};
 use svcplane_nft::{NftCli, NftNetlink, Nftables};
@@ -168,7 +168,7 @@ impl AnyBackend {
         }
     }
 
-    fn sync(&mut self, plan: &NodePlan, changed: &ChangedKeys) -> (bool, usize) {
+    fn sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> (bool, usize) {
         match self {
             AnyBackend::NftNetlink(b) => sync_nft(b, plan, changed),
             AnyBackend::NftCli(b) => sync_nft(b, plan, changed),
@@ -188,7 +188,7 @@ impl AnyBackend {
     }
 }
 
-fn sync_nft<N: Nftables>(b: &mut NftablesBackend<N>, plan: &NodePlan, changed: &ChangedKeys) -> (bool, usize) {
+fn sync_nft<N: Nftables>(b: &mut NftablesBackend<N>, plan: &NodePlan, changed: &PlanDiff) -> (bool, usize) {
     let report = b.sync(plan, changed).unwrap_or_else(|e| panic!("nftables sync: {e}"));
     (report.full, report.service_ports)
 }
@@ -226,7 +226,7 @@ fn measure(mode: Mode, plan: &NodePlan, size: usize, counter: &mut usize) -> Row
         let took = svcplane_testbed::run_in_namespace(&ns.0, || {
             let mut backend = AnyBackend::new(mode);
             let started = Instant::now();
-            let (full, _) = backend.sync(plan, &ChangedKeys::new());
+            let (full, _) = backend.sync(plan, &PlanDiff::default());
             assert!(full, "the first sync is full");
             started.elapsed()
         })
@@ -241,12 +241,12 @@ fn measure(mode: Mode, plan: &NodePlan, size: usize, counter: &mut usize) -> Row
     let mut state = cluster(size, endpoints);
     let (resync, change, check) = svcplane_testbed::run_in_namespace(&ns.0, || {
         let mut backend = AnyBackend::new(mode);
-        backend.sync(&plan, &ChangedKeys::new());
+        backend.sync(&plan, &PlanDiff::default());
         let mut resync = Vec::new();
         for _ in 0..repeat {
             backend.request_full_sync();
             let started = Instant::now();
-            backend.sync(&plan, &ChangedKeys::new());
+            backend.sync(&plan, &PlanDiff::default());
             resync.push(started.elapsed());
         }
         let mut change = Vec::new();

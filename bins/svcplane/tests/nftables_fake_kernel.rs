@@ -25,7 +25,7 @@ use scenarios::{Family, Frontend, NodePortAddresses, Outcome, Scenario, Sender, 
 use svcplane_backend_nftables::NftablesBackend;
 use svcplane_controller::{Allocator, AllocatorConfig};
 use svcplane_core::conntrack::{FlowDestination, StaleUdpFlows, stale_udp_flows};
-use svcplane_core::{ChangedKeys, ClusterState, HealthCheck, IpFamily, NamespacedName, NodeConfig, NodePlan};
+use svcplane_core::{ClusterState, HealthCheck, IpFamily, NamespacedName, NodeConfig, NodePlan, PlanDiff};
 use svcplane_nft::FakeNftables;
 use svcplane_nft::trace::{Disposition, Host, Origin, Packet, trace};
 use svcplane_source::{ClusterObjects, SnapshotDiffer, convert_objects, load_directory};
@@ -101,7 +101,7 @@ impl FakeCluster {
         for node in [THIS_NODE, OTHER_NODE] {
             let plan = NodePlan::build(&cluster.state, node_config(node, addresses));
             let mut backend = NftablesBackend::new(FakeNftables::new());
-            backend.sync(&plan, &ChangedKeys::default()).expect("a full sync into the fake applies");
+            backend.sync(&plan, &PlanDiff::default()).expect("a full sync into the fake applies");
             cluster.nodes.push(FakeNode { index: node, plan, backend, cleanups: Vec::new() });
         }
         cluster

@@ -19,7 +19,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 use svcplane_core::{
-    Destination, EndpointSetKind, Frontend, FrontendKind, IpFamily, Route, ServicePortPlan, SourceMatch, Unrouted,
+    Destination, EndpointSetKind, Frontend, FrontendKind, IpFamily, Refusal, Route, ServicePortPlan, SourceMatch,
+    Unrouted,
 };
 use svcplane_iptables::{
     Arg, Family, LocalTest, MarkOp, Match, Probability, Protocol, Recent, RecentAction, RejectWith, Rule, Table, Target,
@@ -184,27 +185,54 @@ pub fn base_rules(table: Table) -> Vec<(&'static str, Rule)> {
     rules
 }
 
-/// How a frontend of kind NodePort names its destinations: local, non-loopback addresses
-/// inside each node-port CIDR. One alternative per CIDR.
-fn node_port_destinations(family: Family, cidrs: &[IpNet]) -> Vec<Vec<Arg>> {
+/// Where NodePorts answer in one family, as the plan says: local addresses inside
+/// `cidrs`, never inside `exclusions`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodePortAddressing {
+    pub cidrs: Vec<IpNet>,
+    pub exclusions: Vec<IpNet>,
+}
+
+impl NodePortAddressing {
+    pub fn of(plan: &svcplane_core::NodePlan, family: IpFamily) -> Self {
+        Self {
+            cidrs: plan.node_port_cidrs.get(&family).cloned().unwrap_or_default(),
+            exclusions: plan.node_port_exclusions.get(&family).cloned().unwrap_or_default(),
+        }
+    }
+}
+
+/// How a frontend of kind NodePort names its destinations: local addresses inside each
+/// node-port CIDR. One alternative per CIDR; a CIDR of every address excludes the plan's
+/// exclusions (`! -d 127.0.0.0/8`, as kube-proxy spells it), a narrower one is itself
+/// the test.
+fn node_port_destinations(addressing: &NodePortAddressing) -> Vec<Vec<Arg>> {
     let local = Arg::Match(Match::AddrType { source: None, destination: Some(LocalTest { negate: false }) });
-    cidrs
+    addressing
+        .cidrs
         .iter()
         .map(|cidr| {
+            let mut args = vec![local.clone()];
             if cidr.prefix_len() == 0 {
-                let loopback = svcplane_iptables::AddressMatch::is_not(family.loopback());
-                vec![local.clone(), Arg::Destination(loopback)]
+                // One `-d` per rule: iptables cannot say more than one exclusion at once.
+                args.extend(
+                    addressing
+                        .exclusions
+                        .first()
+                        .map(|excluded| Arg::Destination(svcplane_iptables::AddressMatch::is_not(*excluded))),
+                );
             } else {
-                vec![local.clone(), Arg::Destination(svcplane_iptables::AddressMatch::is(*cidr))]
+                args.push(Arg::Destination(svcplane_iptables::AddressMatch::is(*cidr)));
             }
+            args
         })
         .collect()
 }
 
 /// The last rules of nat `KUBE-SERVICES`: everything to a node-port address goes on to
 /// `KUBE-NODEPORTS`.
-pub fn node_ports_jumps(family: Family, cidrs: &[IpNet]) -> Vec<Rule> {
-    node_port_destinations(family, cidrs)
+pub fn node_ports_jumps(addressing: &NodePortAddressing) -> Vec<Rule> {
+    node_port_destinations(addressing)
         .into_iter()
         .map(|destination| {
             let mut rule =
@@ -252,19 +280,17 @@ fn sources(test: &SourceMatch) -> Sources {
     }
 }
 
-/// Renders one service port. `node_port_cidrs` are the plan's node-port CIDRs of the port's
-/// family.
-pub fn render_port(plan: &ServicePortPlan, node_port_cidrs: &[IpNet]) -> PortRules {
-    PortRenderer::new(plan, node_port_cidrs).render()
+/// Renders one service port. `node_ports` is where NodePorts answer in the port's family.
+pub fn render_port(plan: &ServicePortPlan, node_ports: &NodePortAddressing) -> PortRules {
+    PortRenderer::new(plan, node_ports).render()
 }
 
 struct PortRenderer<'a> {
     plan: &'a ServicePortPlan,
-    family: Family,
     protocol: Protocol,
     /// `ns/name:port`.
     name: String,
-    node_port_cidrs: &'a [IpNet],
+    node_ports: &'a NodePortAddressing,
     out: PortRules,
     /// Rules at the top of an endpoint-set chain (ClusterIP masquerade, kube-proxy's shape).
     set_prefix: BTreeMap<EndpointSetKind, Vec<Rule>>,
@@ -274,13 +300,12 @@ struct PortRenderer<'a> {
 }
 
 impl<'a> PortRenderer<'a> {
-    fn new(plan: &'a ServicePortPlan, node_port_cidrs: &'a [IpNet]) -> Self {
+    fn new(plan: &'a ServicePortPlan, node_ports: &'a NodePortAddressing) -> Self {
         Self {
             plan,
-            family: family(plan.family),
             protocol: protocol(plan),
             name: service_port_name(&plan.name),
-            node_port_cidrs,
+            node_ports,
             out: PortRules::default(),
             set_prefix: BTreeMap::new(),
             route_chains: Vec::new(),
@@ -337,7 +362,7 @@ impl<'a> PortRenderer<'a> {
             Destination::Address(address) => {
                 vec![vec![Arg::Destination(svcplane_iptables::AddressMatch::is(host(address)))]]
             }
-            Destination::NodePortAddresses => node_port_destinations(self.family, self.node_port_cidrs),
+            Destination::NodePortAddresses => node_port_destinations(self.node_ports),
         }
     }
 
@@ -554,13 +579,9 @@ impl<'a> PortRenderer<'a> {
 
     /// filter rules for traffic no route takes: REJECT (no endpoint anywhere) or DROP.
     fn render_unrouted(&mut self, frontend: &Frontend, has_routes: bool) {
-        // TCP is refused with a reset, the rest with kube-proxy's ICMP port unreachable: a
-        // TCP client whose SYN draws an ICMPv6 error while connect() still holds its socket
-        // ignores it and only gives up at the SYN retransmit a second later; a reset it takes
-        // at once.
-        let reject = match self.protocol {
-            Protocol::Tcp => Target::Reject(Some(RejectWith::TcpReset)),
-            Protocol::Udp | Protocol::Sctp => Target::Reject(None),
+        let reject = match self.plan.refusal {
+            Refusal::TcpReset => Target::Reject(Some(RejectWith::TcpReset)),
+            Refusal::IcmpPortUnreachable => Target::Reject(None),
         };
         let (verdict, comment) = match frontend.unrouted {
             Unrouted::Unreachable => return,
@@ -621,18 +642,21 @@ impl<'a> PortRenderer<'a> {
         rules
     }
 
-    /// `KUBE-SEP-…`: hairpin traffic (the endpoint reaching itself) is always masqueraded,
-    /// the plan's invariant; then the DNAT (recording the client for affinity).
+    /// `KUBE-SEP-…`: hairpin traffic (the endpoint reaching itself) masqueraded when the
+    /// plan says so; then the DNAT (recording the client for affinity).
     fn endpoint_rules(&self, endpoint: &SocketAddr) -> Vec<Rule> {
         let chain = endpoint_chain(&self.plan.name, endpoint);
         debug_assert!(chain.starts_with(ENDPOINT_PREFIX));
-        let hairpin = Rule::new().comment(self.name.clone()).source(host(endpoint.ip())).jump(KUBE_MARK_MASQ);
+        let mut rules = Vec::with_capacity(2);
+        if self.plan.masquerade_hairpin {
+            rules.push(Rule::new().comment(self.name.clone()).source(host(endpoint.ip())).jump(KUBE_MARK_MASQ));
+        }
         let mut dnat = Rule::new().comment(self.name.clone());
         if self.plan.affinity.is_some() {
             dnat = dnat.matching(Match::Recent(Recent { name: chain, action: RecentAction::Set, mask: None }));
         }
-        let dnat = dnat.protocol(self.protocol).target(Target::Dnat(*endpoint));
-        vec![hairpin, dnat]
+        rules.push(dnat.protocol(self.protocol).target(Target::Dnat(*endpoint)));
+        rules
     }
 }
 
@@ -656,13 +680,17 @@ mod tests {
     }
 
     #[test]
-    fn the_node_ports_jump_excludes_loopback_when_every_address_answers() {
-        let rules = node_ports_jumps(Family::V4, &["0.0.0.0/0".parse().unwrap()]);
+    fn the_node_ports_jump_excludes_the_plans_exclusions_when_every_address_answers() {
+        let addressing = |cidr: &str, excluded: &str| NodePortAddressing {
+            cidrs: vec![cidr.parse().unwrap()],
+            exclusions: vec![excluded.parse().unwrap()],
+        };
+        let rules = node_ports_jumps(&addressing("0.0.0.0/0", "127.0.0.0/8"));
         assert_eq!(
             rules[0].restore_args(),
             "-m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -j KUBE-NODEPORTS"
         );
-        let rules = node_ports_jumps(Family::V6, &["2001:db8::/64".parse().unwrap()]);
+        let rules = node_ports_jumps(&addressing("2001:db8::/64", "::1/128"));
         assert!(rules[0].restore_args().ends_with("-m addrtype --dst-type LOCAL -d 2001:db8::/64 -j KUBE-NODEPORTS"));
     }
 }

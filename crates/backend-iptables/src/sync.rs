@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use svcplane_core::{ChangedKeys, IpFamily, NodePlan, PlanKey};
+use svcplane_core::{Dataplane, DataplaneError, IpFamily, NodePlan, PlanDiff, PlanKey, SyncReport as CoreSyncReport};
 use svcplane_iptables::{
     FakeIptables, Iptables, IptablesError, RestoreTable, Rule, SavedChain, SavedTable, Table, listed_rules, parse_save,
 };
@@ -30,8 +30,8 @@ use tracing::{debug, warn};
 
 use crate::names::is_service_chain;
 use crate::render::{
-    KUBE_PROXY_CANARY, KUBE_SERVICES, PortRules, SharedChain, TABLES, base_chains, base_rules, canary_rule, family,
-    hooks, node_ports_jumps, render_port,
+    KUBE_PROXY_CANARY, KUBE_SERVICES, NodePortAddressing, PortRules, SharedChain, TABLES, base_chains, base_rules,
+    canary_rule, family, hooks, node_ports_jumps, render_port,
 };
 
 /// How often [`IptablesBackend::rules_changed_behind_our_back`] looks at the canaries.
@@ -98,8 +98,8 @@ pub struct IptablesBackend<I> {
     checks: u32,
 }
 
-fn node_port_cidrs(plan: &NodePlan, family: IpFamily) -> Vec<IpNet> {
-    plan.node_port_cidrs.get(&family).cloned().unwrap_or_default()
+fn node_port_cidrs(plan: &NodePlan, family: IpFamily) -> NodePortAddressing {
+    NodePortAddressing::of(plan, family)
 }
 
 /// Every service port of `family` in `plan`, rendered, in key order.
@@ -153,7 +153,7 @@ pub fn full_restore(
     table: Table,
     ip_family: IpFamily,
     ports: &[(PlanKey, PortRules)],
-    node_port_cidrs: &[IpNet],
+    node_port_cidrs: &NodePortAddressing,
     existing: Option<&SavedTable>,
 ) -> RestoreTable {
     let fam = family(ip_family);
@@ -181,7 +181,7 @@ pub fn full_restore(
             }
         }
         if shared == SharedChain::NatServices {
-            for rule in node_ports_jumps(fam, node_port_cidrs) {
+            for rule in node_ports_jumps(node_port_cidrs) {
                 input.append(KUBE_SERVICES, rule);
             }
         }
@@ -254,7 +254,7 @@ pub fn cleanup_restore(table: Table, ip_family: IpFamily, saved: &SavedTable) ->
 /// for each family a `# IPv4` / `# IPv6` line, then the tables (filter, mangle, nat).
 pub fn render_dump(plan: &NodePlan, families: &[IpFamily]) -> String {
     let mut backend = IptablesBackend::with_families(FakeIptables::new(), families.to_vec());
-    backend.sync(plan, &ChangedKeys::new()).expect("the fake accepts every full sync the renderer produces");
+    backend.sync(plan, &PlanDiff::default()).expect("the fake accepts every full sync the renderer produces");
     let mut out = String::new();
     for &ip_family in families {
         let (label, program) = match ip_family {
@@ -308,7 +308,7 @@ impl<I: Iptables> IptablesBackend<I> {
 
     /// Brings the tables in line with `plan`. `changed` names the service ports that
     /// differ from the previous plan; it is ignored when a full sync is due.
-    pub fn sync(&mut self, plan: &NodePlan, changed: &ChangedKeys) -> Result<SyncReport, SyncError> {
+    pub fn sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> Result<SyncReport, SyncError> {
         let result = if self.needs_full_sync || self.written_node_port_cidrs.as_ref() != Some(&plan.node_port_cidrs) {
             self.full_sync(plan)
         } else {
@@ -390,13 +390,13 @@ impl<I: Iptables> IptablesBackend<I> {
         Ok(report)
     }
 
-    fn partial_sync(&mut self, plan: &NodePlan, changed: &ChangedKeys) -> Result<SyncReport, SyncError> {
+    fn partial_sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> Result<SyncReport, SyncError> {
         let mut report = SyncReport::default();
         let empty = PortRules::default();
         for ip_family in self.families.clone() {
             let cidrs = node_port_cidrs(plan, ip_family);
             let rendered: Vec<(PlanKey, Option<PortRules>)> = changed
-                .iter()
+                .keys()
                 .filter(|key| key.family == ip_family)
                 .map(|key| (key.clone(), plan.service_ports.get(key).map(|p| render_port(p, &cidrs))))
                 .collect();
@@ -587,5 +587,32 @@ impl Phases {
             input.delete_chain(chain);
         }
         input
+    }
+}
+
+impl<I: Iptables + Send + std::fmt::Debug> Dataplane for IptablesBackend<I> {
+    fn mode(&self) -> &'static str {
+        "iptables"
+    }
+
+    fn sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<CoreSyncReport, DataplaneError> {
+        let report = IptablesBackend::sync(self, plan, diff)?;
+        Ok(CoreSyncReport { full: report.full, service_ports: report.service_ports, operations: report.operations })
+    }
+
+    fn request_full_resync(&mut self) {
+        self.request_full_sync();
+    }
+
+    fn detect_drift(&mut self) -> Option<String> {
+        self.rules_changed_behind_our_back().then(|| "a canary chain of svcplane's iptables rules is gone".to_owned())
+    }
+
+    fn render(&self, plan: &NodePlan) -> Result<String, DataplaneError> {
+        Ok(render_dump(plan, &self.families))
+    }
+
+    fn cleanup(&mut self) -> Result<bool, DataplaneError> {
+        Ok(IptablesBackend::cleanup(self)?)
     }
 }

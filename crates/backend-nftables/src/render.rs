@@ -10,8 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 use svcplane_core::{
-    Destination, EndpointSetKind, Frontend, FrontendKind, IpFamily, NodePlan, Route, ServicePortPlan, SourceMatch,
-    Unrouted,
+    Destination, EndpointSetKind, Frontend, FrontendKind, IpFamily, NodePlan, Refusal, Route, ServicePortPlan,
+    SourceMatch, Unrouted,
 };
 use svcplane_nft::{
     BaseChain, Chain, ChainType, CmpOp, DataType, Element, ElementValue, Expr, Family, FibAddress, Hook, Match,
@@ -32,7 +32,10 @@ pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const HAIRPIN_ENDPOINTS: &str = "hairpin-endpoints";
 pub const NODEPORT_ADDRESSES: &str = "nodeport-addresses";
-const REJECT_CHAIN: &str = "reject-chain";
+/// Where `Refusal::TcpReset` ports go: a reset for TCP (ICMP for anything else reaching it).
+const REJECT_WITH_RESET: &str = "reject-with-reset";
+/// Where `Refusal::IcmpPortUnreachable` ports go.
+const REJECT_WITH_ICMP: &str = "reject-with-icmp";
 
 pub fn table_name(family: IpFamily) -> TableName {
     TableName { family: nft_family(family), name: TABLE.to_owned() }
@@ -49,13 +52,6 @@ fn address_type(family: IpFamily) -> DataType {
     match family {
         IpFamily::V4 => DataType::Ipv4Addr,
         IpFamily::V6 => DataType::Ipv6Addr,
-    }
-}
-
-fn loopback(family: IpFamily) -> IpNet {
-    match family {
-        IpFamily::V4 => "127.0.0.0/8".parse().expect("valid prefix"),
-        IpFamily::V6 => "::1/128".parse().expect("valid prefix"),
     }
 }
 
@@ -103,22 +99,24 @@ fn dispatch_keys() -> Vec<Expr> {
     vec![Expr::DestinationAddress, Expr::L4Proto, Expr::DestinationPort]
 }
 
-/// Matches a destination where NodePorts answer: a local, non-loopback address inside
-/// the node-port CIDRs.
-fn node_port_destination(family: IpFamily) -> Vec<Statement> {
-    vec![
-        Statement::Match(Match::FibLocal { address: FibAddress::Destination, negate: false }),
-        Statement::Match(Match::InPrefixes {
+/// Matches a destination where NodePorts answer: a local address inside the node-port
+/// CIDRs and outside the plan's exclusions.
+fn node_port_destination(family: IpFamily, plan: &NodePlan) -> Vec<Statement> {
+    let mut statements = vec![Statement::Match(Match::FibLocal { address: FibAddress::Destination, negate: false })];
+    let exclusions: Vec<IpNet> = plan.node_port_exclusions.get(&family).cloned().unwrap_or_default();
+    if !exclusions.is_empty() {
+        statements.push(Statement::Match(Match::InPrefixes {
             left: Expr::DestinationAddress,
             negate: true,
-            prefixes: vec![loopback(family)],
-        }),
-        Statement::Match(Match::InSet {
-            keys: vec![Expr::DestinationAddress],
-            negate: false,
-            set: NODEPORT_ADDRESSES.to_owned(),
-        }),
-    ]
+            prefixes: exclusions,
+        }));
+    }
+    statements.push(Statement::Match(Match::InSet {
+        keys: vec![Expr::DestinationAddress],
+        negate: false,
+        set: NODEPORT_ADDRESSES.to_owned(),
+    }));
+    statements
 }
 
 /// The fixed part of a family's table: maps, hooks and the rules that dispatch into them.
@@ -162,7 +160,8 @@ pub fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
         "firewall-check",
         "service-endpoints-check",
         "nodeport-endpoints-check",
-        REJECT_CHAIN,
+        REJECT_WITH_RESET,
+        REJECT_WITH_ICMP,
     ] {
         ops.push(chain(name, None));
     }
@@ -187,7 +186,7 @@ pub fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
     ops.push(rule("filter-output", vec![new(), jump("service-endpoints-check")]));
 
     ops.push(rule("services", vec![Statement::VerdictMap { keys: dispatch_keys(), map: SERVICE_IPS.to_owned() }]));
-    let mut node_ports = node_port_destination(family);
+    let mut node_ports = node_port_destination(family, plan);
     node_ports.push(Statement::VerdictMap {
         keys: vec![Expr::L4Proto, Expr::DestinationPort],
         map: SERVICE_NODEPORTS.to_owned(),
@@ -202,27 +201,25 @@ pub fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
         "service-endpoints-check",
         vec![Statement::VerdictMap { keys: dispatch_keys(), map: NO_ENDPOINT_SERVICES.to_owned() }],
     ));
-    let mut no_node_port = node_port_destination(family);
+    let mut no_node_port = node_port_destination(family, plan);
     no_node_port.push(Statement::VerdictMap {
         keys: vec![Expr::L4Proto, Expr::DestinationPort],
         map: NO_ENDPOINT_NODEPORTS.to_owned(),
     });
     ops.push(rule("nodeport-endpoints-check", no_node_port));
-    // `reject` is not a verdict a map can hold, hence a chain for it. TCP gets a reset:
-    // an ICMP error that reaches a socket still inside connect() is dropped (the client
-    // then waits a second for its SYN retransmit, seen with IPv6), and ICMP errors are
-    // rate-limited per destination; a reset is neither.
+    // `reject` is not a verdict a map can hold, hence a chain per way of refusing (the
+    // plan says which a port uses). A reset needs a TCP packet to answer.
     ops.push(rule(
-        REJECT_CHAIN,
+        REJECT_WITH_RESET,
         vec![
             Statement::Match(Match::Compare { left: Expr::L4Proto, op: CmpOp::Eq, right: Value::Protocol(6) }),
             Statement::Reject(RejectKind::TcpReset),
         ],
     ));
-    ops.push(rule(REJECT_CHAIN, vec![Statement::Reject(RejectKind::PortUnreachable)]));
+    ops.push(rule(REJECT_WITH_RESET, vec![Statement::Reject(RejectKind::PortUnreachable)]));
+    ops.push(rule(REJECT_WITH_ICMP, vec![Statement::Reject(RejectKind::PortUnreachable)]));
 
-    // Hairpin: a pod reaching itself through a Service must see the node as the source,
-    // or its reply would skip the node's conntrack.
+    // Hairpin: the endpoints of ports whose plan says `masquerade_hairpin` are in the set.
     ops.push(rule(
         "masquerading",
         vec![
@@ -248,11 +245,7 @@ pub fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
 }
 
 fn protocol_number(plan: &ServicePortPlan) -> u8 {
-    match plan.protocol {
-        svcplane_core::Protocol::Tcp => 6,
-        svcplane_core::Protocol::Udp => 17,
-        svcplane_core::Protocol::Sctp => 132,
-    }
+    plan.protocol.number()
 }
 
 fn endpoint_chain_name(plan: &ServicePortPlan, set: EndpointSetKind) -> String {
@@ -426,7 +419,9 @@ pub fn render_port(plan: &ServicePortPlan) -> PortObjects {
                 objects.sets.push(set);
             }
         }
-        objects.endpoint_addresses.extend(plan.endpoints(set).iter().map(|e| e.ip()));
+        if plan.masquerade_hairpin {
+            objects.endpoint_addresses.extend(plan.endpoints(set).iter().map(|e| e.ip()));
+        }
     }
     objects.endpoint_addresses.sort();
     objects.endpoint_addresses.dedup();
@@ -454,7 +449,13 @@ pub fn render_port(plan: &ServicePortPlan) -> PortObjects {
             });
         }
         let unrouted = match frontend.unrouted {
-            Unrouted::Reject => Some(Verdict::Goto(REJECT_CHAIN.to_owned())),
+            Unrouted::Reject => Some(Verdict::Goto(
+                match plan.refusal {
+                    Refusal::TcpReset => REJECT_WITH_RESET,
+                    Refusal::IcmpPortUnreachable => REJECT_WITH_ICMP,
+                }
+                .to_owned(),
+            )),
             Unrouted::Drop => Some(Verdict::Drop),
             Unrouted::Unreachable => None,
         };

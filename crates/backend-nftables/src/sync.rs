@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use svcplane_core::{ChangedKeys, IpFamily, NodePlan, PlanKey};
+use svcplane_core::{Dataplane, DataplaneError, IpFamily, NodePlan, PlanDiff, PlanKey, SyncReport as CoreSyncReport};
 use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, Transaction};
 
 use crate::render::{PortObjects, base_operations, hairpin_element, render_port, table_name};
@@ -196,7 +196,7 @@ impl<N: Nftables> NftablesBackend<N> {
 
     /// Brings the kernel in line with `plan`. `changed` names the service ports that differ
     /// from the previous plan; it is ignored when a full sync is due.
-    pub fn sync(&mut self, plan: &NodePlan, changed: &ChangedKeys) -> Result<SyncReport, SyncError> {
+    pub fn sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> Result<SyncReport, SyncError> {
         if self.needs_full_sync || self.written_node_port_cidrs.as_ref() != Some(&plan.node_port_cidrs) {
             return self.full_sync(plan);
         }
@@ -228,14 +228,14 @@ impl<N: Nftables> NftablesBackend<N> {
         Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations })
     }
 
-    fn partial_sync(&mut self, plan: &NodePlan, changed: &ChangedKeys) -> Result<SyncReport, SyncError> {
+    fn partial_sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> Result<SyncReport, SyncError> {
         let empty = PortObjects::default();
         let mut report = SyncReport::default();
         for &family in &self.families.clone() {
             let mut phases = Phases::default();
             let mut rendered: Vec<(PlanKey, Option<PortObjects>)> = Vec::new();
             let mut hairpin_delta: HashMap<IpAddr, isize> = HashMap::new();
-            for key in changed.iter().filter(|key| key.family == family) {
+            for key in changed.keys().filter(|key| key.family == family) {
                 let new = plan.service_ports.get(key).map(render_port);
                 let old = self.written.get(key).unwrap_or(&empty);
                 phases.diff(old, new.as_ref().unwrap_or(&empty));
@@ -299,5 +299,36 @@ impl<N: Nftables> NftablesBackend<N> {
         self.hairpin_refs.clear();
         self.needs_full_sync = true;
         Ok(removed)
+    }
+}
+
+impl<N: Nftables + Send + std::fmt::Debug> Dataplane for NftablesBackend<N> {
+    fn mode(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<CoreSyncReport, DataplaneError> {
+        let report = NftablesBackend::sync(self, plan, diff)?;
+        Ok(CoreSyncReport { full: report.full, service_ports: report.service_ports, operations: report.operations })
+    }
+
+    fn request_full_resync(&mut self) {
+        self.request_full_sync();
+    }
+
+    fn detect_drift(&mut self) -> Option<String> {
+        None
+    }
+
+    fn render(&self, plan: &NodePlan) -> Result<String, DataplaneError> {
+        let mut text = String::new();
+        for transaction in render_full(plan, &self.families) {
+            text.push_str(&svcplane_nft::render(&transaction)?);
+        }
+        Ok(text)
+    }
+
+    fn cleanup(&mut self) -> Result<bool, DataplaneError> {
+        Ok(NftablesBackend::cleanup(self)?)
     }
 }

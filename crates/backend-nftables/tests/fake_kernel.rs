@@ -114,7 +114,10 @@ fn a_service_without_endpoints_is_rejected_and_not_dispatched() {
     let key = [Value::Address("198.19.0.10".parse().unwrap()), Value::Protocol(6), Value::Port(80)];
     assert!(table.element("service-ips", &key).is_none());
     let reject = table.element("no-endpoint-services", &key).expect("reject element");
-    assert!(format!("{reject:?}").contains("reject-chain"));
+    assert!(
+        format!("{reject:?}").contains("reject-with-reset"),
+        "a TCP port is refused with a reset, as the plan says"
+    );
 }
 
 #[test]

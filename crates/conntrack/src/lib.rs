@@ -1,15 +1,26 @@
-//! The conntrack mechanism: removes the UDP flows the core calls stale
-//! ([`svcplane_core::conntrack::StaleUdpFlows`]) through the `conntrack` program.
+//! The conntrack mechanism: deletes UDP conntrack entries matching a [`UdpFlowFilter`]
+//! through the `conntrack` program.
 //!
-//! It decides nothing: which flows are stale comes from the core. It touches only UDP
-//! entries whose original destination is the given service address (or node port) and
-//! whose reply does not come from an endpoint the core says to keep.
+//! It decides nothing and knows nothing of Services: which flows are stale is the caller's
+//! business (svcplane's core decides it). It touches only UDP entries whose original
+//! destination matches the filter and whose reply does not come from an address it is told
+//! to keep.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
 
-use svcplane_core::IpFamily;
-use svcplane_core::conntrack::{FlowDestination, StaleUdpFlows};
+use svcplane_net::IpFamily;
+
+/// "Delete the UDP entries of `family` sent to `destination` (any address when `None`)
+/// and `port`, whose replies do not come from one of `keep_replies_from`."
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UdpFlowFilter {
+    pub family: IpFamily,
+    pub destination: Option<IpAddr>,
+    pub port: u16,
+    pub keep_replies_from: BTreeSet<SocketAddr>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConntrackError {
@@ -95,21 +106,18 @@ impl ConntrackCli {
     }
 
     /// Deletes the flows `cleanup` describes; returns how many were deleted.
-    pub fn delete_stale(&self, cleanup: &StaleUdpFlows) -> Result<usize, ConntrackError> {
-        let family = match cleanup.family {
-            IpFamily::V4 => "ipv4",
-            IpFamily::V6 => "ipv6",
-        };
+    pub fn delete_udp_flows(&self, cleanup: &UdpFlowFilter) -> Result<usize, ConntrackError> {
+        let family = cleanup.family.name();
         let mut args: Vec<String> =
             ["-L", "-f", family, "-p", "udp", "--orig-port-dst"].iter().map(|s| (*s).to_owned()).collect();
         args.push(cleanup.port.to_string());
         let destination = match cleanup.destination {
-            FlowDestination::Address(address) => {
+            Some(address) => {
                 args.push("--orig-dst".into());
                 args.push(address.to_string());
-                format!("{address}:{}", cleanup.port)
+                format!("{}", SocketAddr::new(address, cleanup.port))
             }
-            FlowDestination::NodePort => format!("node port {}", cleanup.port),
+            None => format!("port {} on any address", cleanup.port),
         };
         let output = self
             .command(&args)

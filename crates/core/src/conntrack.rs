@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::model::{IpFamily, Protocol};
-use crate::plan::{ChangedKeys, Destination, NodePlan, ServicePortPlan};
+use crate::plan::{Destination, NodePlan, PlanDiff, ServicePortPlan};
 
 /// Where a stale flow was originally sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,11 +40,11 @@ fn is_udp(plan: Option<&ServicePortPlan>) -> bool {
     plan.is_some_and(|p| p.protocol == Protocol::Udp)
 }
 
-/// The cleanups the last [`NodePlan::update`] calls for, given the keys it changed.
-pub fn stale_udp_flows(plan: &NodePlan, changed: &ChangedKeys) -> Vec<StaleUdpFlows> {
+/// The cleanups a change of the plan calls for: `diff` is what changed, `plan` is the plan after it.
+pub fn stale_udp_flows(plan: &NodePlan, diff: &PlanDiff) -> Vec<StaleUdpFlows> {
     let mut cleanups = BTreeSet::new();
-    for key in changed {
-        let old = plan.previous(key);
+    for key in diff.keys() {
+        let old = diff.previous(key);
         let new = plan.service_ports.get(key);
         if !is_udp(old) && !is_udp(new) {
             continue;

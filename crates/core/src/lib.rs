@@ -7,14 +7,16 @@
 //! when to masquerade, what to do with no endpoints) is decided here and nowhere else.
 
 pub mod conntrack;
+pub mod dataplane;
 pub mod model;
 pub mod plan;
 pub mod selection;
 pub mod state;
 
+pub use dataplane::{Dataplane, DataplaneError, SyncReport};
 pub use model::*;
 pub use plan::{
-    ChangedKeys, Destination, EndpointSetKind, Frontend, FrontendKind, HealthCheck, NodeConfig, NodePlan,
-    NodePortAddresses, PlanKey, Route, ServicePortPlan, SourceMatch, Unrouted,
+    Destination, EndpointSetKind, Frontend, FrontendKind, HealthCheck, NodeConfig, NodePlan, NodePortAddresses,
+    PlanDiff, PlanKey, Refusal, Route, ServicePortPlan, SourceMatch, Unrouted,
 };
 pub use state::{Change, Changes, ClusterState, ServiceEndpoint};

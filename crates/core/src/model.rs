@@ -26,56 +26,7 @@ impl fmt::Display for NamespacedName {
     }
 }
 
-/// Transport protocols a Service port may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Protocol {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-impl Protocol {
-    /// Lower-case name as nftables and iptables spell it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-            Protocol::Sctp => "sctp",
-        }
-    }
-
-    /// Parses the Kubernetes spelling (`TCP`, `UDP`, `SCTP`).
-    pub fn from_kubernetes(value: &str) -> Option<Self> {
-        match value {
-            "TCP" => Some(Protocol::Tcp),
-            "UDP" => Some(Protocol::Udp),
-            "SCTP" => Some(Protocol::Sctp),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Protocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// IP family of an address or a rule set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum IpFamily {
-    V4,
-    V6,
-}
-
-impl IpFamily {
-    pub fn of(addr: &IpAddr) -> Self {
-        match addr {
-            IpAddr::V4(_) => IpFamily::V4,
-            IpAddr::V6(_) => IpFamily::V6,
-        }
-    }
-}
+pub use svcplane_net::{IpFamily, Protocol};
 
 /// Identifies one port of one Service: what kube-proxy calls a `ServicePortName`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

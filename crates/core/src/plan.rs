@@ -93,6 +93,25 @@ pub enum Unrouted {
     Unreachable,
 }
 
+/// How a frontend refuses traffic when [`Unrouted::Reject`] applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// A TCP reset: a client still in `connect()` takes it at once, where an ICMP error
+    /// may be rate-limited or (IPv6) lost before the socket sees it.
+    TcpReset,
+    /// ICMP (v6) port unreachable, as kube-proxy answers every protocol.
+    IcmpPortUnreachable,
+}
+
+impl Refusal {
+    pub fn for_protocol(protocol: Protocol) -> Self {
+        match protocol {
+            Protocol::Tcp => Refusal::TcpReset,
+            Protocol::Udp | Protocol::Sctp => Refusal::IcmpPortUnreachable,
+        }
+    }
+}
+
 /// One address and port that accepts traffic for a service port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Frontend {
@@ -119,6 +138,12 @@ pub struct ServicePortPlan {
     /// says: conntrack flows to these stay valid (UDP keeps behaving like TCP).
     pub serving_endpoints: Vec<SocketAddr>,
     pub affinity: Option<ClientIpAffinity>,
+    /// How `Unrouted::Reject` refuses on this port.
+    pub refusal: Refusal,
+    /// A packet whose source is the endpoint it is sent to (a pod reaching itself through
+    /// the Service) is masqueraded, or the reply would bypass the node's conntrack. Always
+    /// true today; a field so every backend renders the decision instead of making it.
+    pub masquerade_hairpin: bool,
 }
 
 impl ServicePortPlan {
@@ -138,21 +163,20 @@ pub struct PlanKey {
 }
 
 /// The whole plan for one node.
-///
-/// Invariant every backend renders: a packet whose source is the endpoint it is sent to
-/// (hairpin) is always masqueraded, or the reply would bypass the node's conntrack.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodePlan {
     pub config: NodeConfig,
     pub service_ports: BTreeMap<PlanKey, ServicePortPlan>,
-    /// Per family, where NodePorts answer.
+    /// Per family, where NodePorts answer: local addresses inside these CIDRs, except
+    /// [`Self::node_port_exclusions`].
     pub node_port_cidrs: BTreeMap<IpFamily, Vec<IpNet>>,
+    /// Per family, addresses where NodePorts never answer whatever the CIDRs say:
+    /// loopback, so a NodePort never opens Services to every local process.
+    pub node_port_exclusions: BTreeMap<IpFamily, Vec<IpNet>>,
     /// The keys each Service owns, so replanning one Service never scans the others.
     keys_by_service: BTreeMap<NamespacedName, BTreeSet<PlanKey>>,
     /// Health-check node ports of Services with `externalTrafficPolicy: Local`.
     pub health_checks: BTreeMap<NamespacedName, HealthCheck>,
-    /// What the keys the last update changed looked like before it (`None`: new key).
-    previous: BTreeMap<PlanKey, Option<ServicePortPlan>>,
 }
 
 /// `spec.healthCheckNodePort`: answers whether this node has endpoints for the Service,
@@ -164,8 +188,58 @@ pub struct HealthCheck {
     pub local_endpoints: usize,
 }
 
-/// Which plan keys an update added, changed or removed.
-pub type ChangedKeys = BTreeSet<PlanKey>;
+/// What one or more plan updates changed: every key added, changed or removed, with what
+/// it looked like before the first of them (`None`: the key is new). A value the sync loop
+/// hands to whoever needs it (the dataplane, conntrack cleanup, metrics), never state kept
+/// inside the plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlanDiff {
+    before: BTreeMap<PlanKey, Option<ServicePortPlan>>,
+}
+
+impl PlanDiff {
+    /// The keys that differ.
+    pub fn keys(&self) -> impl Iterator<Item = &PlanKey> + '_ {
+        self.before.keys()
+    }
+
+    pub fn contains(&self, key: &PlanKey) -> bool {
+        self.before.contains_key(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.before.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.before.is_empty()
+    }
+
+    /// How `key` looked before the change; `None` if it is new (or did not change).
+    pub fn previous(&self, key: &PlanKey) -> Option<&ServicePortPlan> {
+        self.before.get(key).and_then(Option::as_ref)
+    }
+
+    /// Records that `key` changed from `before`, unless an earlier change already said
+    /// what it was at the start.
+    fn record(&mut self, key: PlanKey, before: Option<ServicePortPlan>) {
+        self.before.entry(key).or_insert(before);
+    }
+
+    /// Adds a later diff to this one (a sync that failed leaves its diff to the next):
+    /// for keys in both, the earlier "before" stays.
+    pub fn absorb(&mut self, later: PlanDiff) {
+        for (key, before) in later.before {
+            self.record(key, before);
+        }
+    }
+
+    /// Keys that are the same now as before (changed and changed back) are no difference.
+    pub fn without_round_trips(mut self, plan: &NodePlan) -> PlanDiff {
+        self.before.retain(|key, before| before.as_ref() != plan.service_ports.get(key));
+        self
+    }
+}
 
 impl NodePlan {
     pub fn new(config: NodeConfig) -> Self {
@@ -174,9 +248,9 @@ impl NodePlan {
             config,
             service_ports: BTreeMap::new(),
             node_port_cidrs,
+            node_port_exclusions: node_port_exclusions(),
             keys_by_service: BTreeMap::new(),
             health_checks: BTreeMap::new(),
-            previous: BTreeMap::new(),
         }
     }
 
@@ -188,15 +262,14 @@ impl NodePlan {
         plan
     }
 
-    /// Replans the services in `changes` (everything if it says so) and reports which keys
-    /// differ from before. Costs in proportion to the changed services, not the cluster.
-    pub fn update(&mut self, state: &ClusterState, changes: &Changes) -> ChangedKeys {
+    /// Replans the services in `changes` (everything if it says so) and returns what
+    /// differs from before. Costs in proportion to the changed services, not the cluster.
+    pub fn update(&mut self, state: &ClusterState, changes: &Changes) -> PlanDiff {
         let node = node_of(state, &self.config);
         if changes.everything {
             self.node_port_cidrs = node_port_cidrs(&self.config, &node.addresses);
         }
-        let mut changed = ChangedKeys::new();
-        self.previous.clear();
+        let mut changed = PlanDiff::default();
         let services: Vec<NamespacedName> = if changes.everything {
             let mut all: BTreeSet<NamespacedName> = state.services().map(|s| s.name.clone()).collect();
             all.extend(self.keys_by_service.keys().cloned());
@@ -209,8 +282,7 @@ impl NodePlan {
             let previous = self.keys_by_service.remove(&name).unwrap_or_default();
             for key in previous.into_iter().filter(|k| !fresh.contains_key(k)) {
                 let old = self.service_ports.remove(&key);
-                self.previous.insert(key.clone(), old);
-                changed.insert(key);
+                changed.record(key, old);
             }
             if !fresh.is_empty() {
                 self.keys_by_service.insert(name.clone(), fresh.keys().cloned().collect());
@@ -222,18 +294,11 @@ impl NodePlan {
             for (key, port_plan) in fresh {
                 if self.service_ports.get(&key) != Some(&port_plan) {
                     let old = self.service_ports.insert(key.clone(), port_plan);
-                    self.previous.insert(key.clone(), old);
-                    changed.insert(key);
+                    changed.record(key, old);
                 }
             }
         }
         changed
-    }
-
-    /// How a key the last [`Self::update`] changed looked before it; `None` if it is new
-    /// (or was not changed).
-    pub fn previous(&self, key: &PlanKey) -> Option<&ServicePortPlan> {
-        self.previous.get(key).and_then(Option::as_ref)
     }
 }
 
@@ -284,6 +349,13 @@ fn node_port_cidrs(config: &NodeConfig, node_addresses: &[IpAddr]) -> BTreeMap<I
     cidrs
 }
 
+fn node_port_exclusions() -> BTreeMap<IpFamily, Vec<IpNet>> {
+    BTreeMap::from([
+        (IpFamily::V4, vec!["127.0.0.0/8".parse().expect("valid CIDR")]),
+        (IpFamily::V6, vec!["::1/128".parse().expect("valid CIDR")]),
+    ])
+}
+
 fn cidrs_of_family(cidrs: &[IpNet], family: IpFamily) -> Vec<IpNet> {
     cidrs.iter().filter(|c| IpFamily::of(&c.addr()) == family).copied().collect()
 }
@@ -317,6 +389,8 @@ fn plan_service(
                     local_endpoints: selection.local,
                     serving_endpoints: of_family.iter().filter(|e| e.endpoint.serving).map(|e| e.address).collect(),
                     affinity: service.session_affinity,
+                    refusal: Refusal::for_protocol(port.protocol),
+                    masquerade_hairpin: true,
                 },
             );
         }
@@ -638,7 +712,7 @@ mod tests {
             let changes = state.take_changes();
             plan.update(&state, &changes)
         };
-        let names: Vec<String> = changed.iter().map(|k| k.name.service.name.clone()).collect();
+        let names: Vec<String> = changed.keys().map(|k| k.name.service.name.clone()).collect();
         assert_eq!(names, ["web"]);
         assert_eq!(plan.service_ports.len(), 2);
     }
@@ -685,10 +759,60 @@ mod tests {
             let changes = state.take_changes();
             plan.update(&state, &changes)
         };
-        let key = changed.iter().next().unwrap();
-        let before = plan.previous(key).expect("the old plan");
+        let key = changed.keys().next().unwrap();
+        let before = changed.previous(key).expect("the old plan");
         assert_eq!(before.cluster_endpoints[0].ip().to_string(), "198.18.129.2");
         assert_eq!(plan.service_ports[key].cluster_endpoints[0].ip().to_string(), "198.18.129.3");
+    }
+
+    #[test]
+    fn a_diff_absorbing_a_later_one_keeps_what_each_key_looked_like_first() {
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(service(ServiceType::ClusterIp)));
+        state.apply(Change::SliceUpserted(slice(&[("198.18.129.2", "node1")])));
+        let mut plan = NodePlan::build(&state, config());
+        state.take_changes();
+        let mut step = |endpoint: &str| {
+            state.apply(Change::SliceUpserted(slice(&[(endpoint, "node1")])));
+            let changes = state.take_changes();
+            plan.update(&state, &changes)
+        };
+        let mut pending = step("198.18.129.3");
+        pending.absorb(step("198.18.129.4"));
+        assert_eq!(pending.len(), 1);
+        let key = pending.keys().next().unwrap().clone();
+        assert_eq!(pending.previous(&key).unwrap().cluster_endpoints[0].ip().to_string(), "198.18.129.2");
+    }
+
+    #[test]
+    fn a_key_changed_and_changed_back_is_no_difference() {
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(service(ServiceType::ClusterIp)));
+        state.apply(Change::SliceUpserted(slice(&[("198.18.129.2", "node1")])));
+        let mut plan = NodePlan::build(&state, config());
+        state.take_changes();
+        let mut pending = PlanDiff::default();
+        for endpoint in ["198.18.129.3", "198.18.129.2"] {
+            state.apply(Change::SliceUpserted(slice(&[(endpoint, "node1")])));
+            let changes = state.take_changes();
+            pending.absorb(plan.update(&state, &changes));
+        }
+        assert!(pending.without_round_trips(&plan).is_empty());
+    }
+
+    #[test]
+    fn tcp_is_refused_with_a_reset_and_other_protocols_with_icmp() {
+        let plan = plan_of(service(ServiceType::ClusterIp), &[]);
+        assert_eq!(plan.refusal, Refusal::TcpReset);
+        assert_eq!(Refusal::for_protocol(Protocol::Udp), Refusal::IcmpPortUnreachable);
+        assert!(plan.masquerade_hairpin);
+    }
+
+    #[test]
+    fn node_ports_never_answer_on_loopback() {
+        let plan = NodePlan::new(config());
+        assert_eq!(plan.node_port_exclusions[&IpFamily::V4], vec!["127.0.0.0/8".parse::<IpNet>().unwrap()]);
+        assert_eq!(plan.node_port_exclusions[&IpFamily::V6], vec!["::1/128".parse::<IpNet>().unwrap()]);
     }
 
     #[test]

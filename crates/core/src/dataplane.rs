@@ -1,0 +1,46 @@
+//! The one interface every mode implements: nftables, iptables, eBPF, IPVS and userspace
+//! are each a [`Dataplane`] that spells a [`NodePlan`] for its kernel API. The sync loop
+//! drives any of them the same way and never knows which one it has.
+
+use crate::plan::{NodePlan, PlanDiff};
+
+/// A dataplane's error, with its causes kept (a mode's own error type, boxed).
+pub type DataplaneError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What one sync did, in any mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// The whole ruleset was written, not just the difference.
+    pub full: bool,
+    /// Service ports written.
+    pub service_ports: usize,
+    /// Kernel operations sent (rules, map entries, elements ...).
+    pub operations: usize,
+}
+
+/// One mode of programming the node.
+///
+/// Contract: a sync either brings the kernel in line with the plan or fails leaving the
+/// previous state whole (no half-applied ruleset). The loop keeps the diff of a failed
+/// sync and hands it again, absorbed into the next one, until a sync succeeds.
+pub trait Dataplane: Send + std::fmt::Debug {
+    /// The mode's name, as `--mode` spells it.
+    fn mode(&self) -> &'static str;
+
+    /// Brings the kernel in line with `plan`. `diff` holds every service port that changed
+    /// since the last successful sync; a mode may always write more (a full sync).
+    fn sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<SyncReport, DataplaneError>;
+
+    /// Makes the next sync rewrite everything (drift found, operator asked, periodic check).
+    fn request_full_resync(&mut self);
+
+    /// Whether the kernel state was changed behind svcplane's back, with what was found.
+    /// Called often: a mode rate-limits its own checks and returns `None` when it has none.
+    fn detect_drift(&mut self) -> Option<String>;
+
+    /// What a full sync of `plan` would write, in the mode's own words; touches nothing.
+    fn render(&self, plan: &NodePlan) -> Result<String, DataplaneError>;
+
+    /// Removes everything this mode programmed. Returns whether anything was there.
+    fn cleanup(&mut self) -> Result<bool, DataplaneError>;
+}

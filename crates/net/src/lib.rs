@@ -1,0 +1,118 @@
+//! The network words every svcplane crate shares: [`IpFamily`] and [`Protocol`].
+//!
+//! A leaf: it imports nothing, so the decision core, the kernel mechanisms, the DNS server
+//! and the tests can all speak of "IPv6" and "UDP" with one type instead of one each. It
+//! holds no Kubernetes object, no policy and no I/O.
+
+use std::fmt;
+use std::net::IpAddr;
+
+/// Transport protocols a Service port may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+
+    /// Lower-case name as nftables, iptables and conntrack spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+
+    /// Parses the Kubernetes spelling (`TCP`, `UDP`, `SCTP`).
+    pub fn from_kubernetes(value: &str) -> Option<Self> {
+        match value {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+
+    /// The Kubernetes spelling (`TCP`, `UDP`, `SCTP`).
+    pub fn kubernetes_name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+
+    /// The IP protocol number (`IPPROTO_*`).
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// IP family of an address or a rule set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    pub const BOTH: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
+
+    pub fn of(addr: &IpAddr) -> Self {
+        match addr {
+            IpAddr::V4(_) => IpFamily::V4,
+            IpAddr::V6(_) => IpFamily::V6,
+        }
+    }
+
+    pub fn is_v6(self) -> bool {
+        self == IpFamily::V6
+    }
+
+    /// `ipv4` / `ipv6`, as conntrack and most tools name the family.
+    pub fn name(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "ipv4",
+            IpFamily::V6 => "ipv6",
+        }
+    }
+}
+
+impl fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocols_read_and_write_the_kubernetes_spelling() {
+        for protocol in Protocol::ALL {
+            assert_eq!(Protocol::from_kubernetes(protocol.kubernetes_name()), Some(protocol));
+        }
+        assert_eq!(Protocol::from_kubernetes("tcp"), None);
+    }
+
+    #[test]
+    fn an_address_knows_its_family() {
+        assert_eq!(IpFamily::of(&"198.18.0.1".parse().unwrap()), IpFamily::V4);
+        assert_eq!(IpFamily::of(&"2001:db8::1".parse().unwrap()), IpFamily::V6);
+    }
+}
