@@ -8,6 +8,7 @@
 
 pub mod conntrack;
 pub mod dataplane;
+pub mod discovery;
 pub mod model;
 pub mod plan;
 pub mod selection;

@@ -18,7 +18,7 @@ use hickory_proto::op::{MessageType, Metadata, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, CNAME, NS, PTR, SOA, SRV, TXT};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 
-use crate::model::Protocol;
+use crate::model::protocol_from_srv_label;
 use crate::names::{is_reverse_name, parse_dashed_ip, parse_reverse_name};
 use crate::zone::{DNS_SCHEMA_VERSION, DNS_VERSION_TTL, Entry, PodRecords, ServiceEntry, Zone, name_under};
 
@@ -444,7 +444,7 @@ impl<'z> Chain<'z> {
     /// `<label>.<svc>.<ns>.svc.<zone>`: an endpoint of a headless Service, or `_<proto>`.
     fn below_service(&self, asked: &Name, service: &ServiceEntry, label: &str) -> Found {
         if let Some(protocol) = label.strip_prefix('_') {
-            return match Protocol::from_label(protocol) {
+            return match protocol_from_srv_label(protocol) {
                 Some(protocol) if service.has_protocol(protocol) && has_endpoints_or_ip(service) => Found::no_data(),
                 _ => Found::NxDomain,
             };
@@ -463,7 +463,7 @@ impl<'z> Chain<'z> {
         let (Some(port_name), Some(protocol)) = (port.strip_prefix('_'), protocol.strip_prefix('_')) else {
             return Found::NxDomain;
         };
-        let Some(protocol) = Protocol::from_label(protocol) else {
+        let Some(protocol) = protocol_from_srv_label(protocol) else {
             return Found::NxDomain;
         };
         match &service.entry {

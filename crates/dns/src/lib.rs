@@ -13,8 +13,8 @@
 //!   over a [`SharedZone`] swapped atomically on every change, and [`forward`] sends names
 //!   outside the zone to the upstream resolvers it is given.
 //!
-//! What it deliberately does not do: no Kubernetes types (`svcplane-source` converts
-//! Services and EndpointSlices into [`ClusterView`]), no watching or reading of manifests, no
+//! What it deliberately does not do: no Kubernetes types (sources convert Services and
+//! EndpointSlices into the core's discovery model, [`ClusterView`]), no watching or reading of manifests, no
 //! caching of upstream answers, no zone transfers, no DNSSEC, no wildcard names (removed from
 //! CoreDNS in 1.9), no `pods verified` and no autopath.
 

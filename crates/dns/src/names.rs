@@ -3,36 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// Longest DNS label, in bytes.
-pub const MAX_LABEL_LEN: usize = 63;
-/// Longest domain name in presentation form without the trailing dot.
-pub const MAX_NAME_LEN: usize = 253;
-
-/// An RFC 1123 label as Kubernetes accepts it for names: 1 to 63 of `a-z`, `0-9` and `-`,
-/// starting and ending with a letter or digit. Upper case is accepted (DNS ignores case).
-pub fn is_dns_label(text: &str) -> bool {
-    let bytes = text.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= MAX_LABEL_LEN
-        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-')
-        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
-        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
-}
-
-/// A domain name an ExternalName may point to: labels as [`is_dns_label`] (underscores are
-/// allowed too, as in `_sip._tcp.example.com`), at most 253 characters, one trailing dot
-/// allowed.
-pub fn is_domain_name(text: &str) -> bool {
-    let text = text.strip_suffix('.').unwrap_or(text);
-    !text.is_empty()
-        && text.len() <= MAX_NAME_LEN
-        && text.split('.').all(|label| {
-            let bytes = label.as_bytes();
-            !bytes.is_empty()
-                && bytes.len() <= MAX_LABEL_LEN
-                && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_')
-        })
-}
+pub use svcplane_core::discovery::{MAX_LABEL_LEN, MAX_NAME_LEN, is_dns_label, is_domain_name};
 
 /// The label an endpoint without a hostname is known by: `10-0-0-5`, or for IPv6 the
 /// compressed text with `-` for `:` (`2001-db8--1`).

@@ -1,6 +1,6 @@
 //! Cluster DNS's view of the cluster: Services (ClusterIP, headless with the endpoints of
 //! their EndpointSlices, ExternalName) and the namespaces that exist, converted into
-//! [`svcplane_dns::ClusterView`] with validation.
+//! [`svcplane_core::discovery::ClusterView`] with validation.
 //!
 //! Unlike [`crate::convert`], which skips a whole object with any problem (the proxy must
 //! not program half a Service), DNS leaves out only what is broken: a port with an invalid
@@ -16,8 +16,9 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use svcplane_dns::names::{is_dns_label, is_domain_name};
-use svcplane_dns::{ClusterView, DnsEndpoint, DnsPort, DnsService, EndpointSet, Protocol, ServiceKind};
+use svcplane_core::discovery::{
+    ClusterView, DnsEndpoint, DnsPort, DnsService, EndpointSet, Protocol, ServiceKind, is_dns_label, is_domain_name,
+};
 use tracing::trace;
 
 use crate::convert::{FieldError, Problem, SERVICE_NAME_LABEL, parse_ip};
