@@ -12,7 +12,7 @@ use svcplane_core::{IpFamily, Protocol, ServiceType};
 use svcplane_testbed::{Lab, ProbeError};
 
 use crate::cli::{EchoArgs, LabArgs, SourceArgs};
-use crate::pipeline::Pipeline;
+use crate::feeds;
 
 /// The example manifests, embedded so the lab runs from any directory.
 const EXAMPLE_MANIFESTS: &[(&str, &str)] = &[
@@ -51,9 +51,11 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
     };
     // The proxy allocates the same way from the same manifests, so the lab can know the
     // ClusterIP and NodePort without asking it.
-    let mut pipeline = Pipeline::new(&source)?;
-    pipeline.load_once();
-    let service = pipeline.state.services().next().context("the example manifests hold no Service")?.clone();
+    let mut state = svcplane_core::ClusterState::new();
+    for change in feeds::read_changes(&source, "node1")? {
+        state.apply(change);
+    }
+    let service = state.services().next().context("the example manifests hold no Service")?.clone();
 
     let lab = Lab::builder()
         .nodes(1)

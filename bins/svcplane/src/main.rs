@@ -1,12 +1,11 @@
 //! `svcplane`: one binary, subcommands. Wiring only: every decision lives in the crates.
 
-mod api;
 mod cli;
-mod dataplane;
+mod controller;
 mod dns;
-mod health;
+mod feeds;
 mod lab;
-mod pipeline;
+mod modes;
 mod proxy;
 
 use std::process::ExitCode;
@@ -28,10 +27,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Proxy(args) => proxy::run(&args),
         Command::Render(args) => proxy::render(&args),
-        Command::Controller(args) => match args.source.kind() {
-            Ok(cli::SourceKind::Api(access)) => api::controller(&args, access),
-            _ => pipeline::print_controller_output(&args.source),
-        },
+        Command::Controller(args) => controller::run(&args),
         Command::Dns(args) => dns::run(&args),
         Command::Cleanup => proxy::cleanup(),
         Command::Lab(args) => lab::run(&args),

@@ -613,6 +613,11 @@ impl<I: Iptables + Send + std::fmt::Debug> Dataplane for IptablesBackend<I> {
     }
 
     fn cleanup(&mut self) -> Result<bool, DataplaneError> {
-        Ok(IptablesBackend::cleanup(self)?)
+        match IptablesBackend::cleanup(self) {
+            Ok(found) => Ok(found),
+            // A node without this iptables variant has nothing of it to remove.
+            Err(error) if error.is_program_missing() => Ok(false),
+            Err(error) => Err(error.into()),
+        }
     }
 }

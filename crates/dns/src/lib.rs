@@ -25,6 +25,8 @@ pub mod wire;
 pub mod zone;
 
 #[cfg(feature = "server")]
+pub mod follow;
+#[cfg(feature = "server")]
 pub mod forward;
 #[cfg(feature = "server")]
 pub mod server;
@@ -36,6 +38,8 @@ pub use zone::{
     DEFAULT_TTL, DNS_SCHEMA_VERSION, DNS_VERSION_TTL, MAX_TTL, PodRecords, Zone, ZoneConfig, ZoneConfigError,
 };
 
+#[cfg(feature = "server")]
+pub use follow::{follow_views, next_serial};
 #[cfg(feature = "server")]
 pub use forward::{DEFAULT_FORWARD_TIMEOUT, ForwardError, Forwarder};
 #[cfg(feature = "server")]

@@ -29,6 +29,9 @@ pub enum KubeError {
         #[source]
         source: std::io::Error,
     },
+    /// The initial lists did not complete in time (`render`).
+    #[error("the initial lists from the API did not complete within {timeout:?}")]
+    InitialListTimeout { timeout: std::time::Duration },
     /// A write of the controller was refused.
     #[error("{operation}: {source}")]
     Write {

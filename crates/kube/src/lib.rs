@@ -3,8 +3,9 @@
 //! - [`ClusterAccess`]: a kubeconfig file or the in-cluster config of a Pod.
 //! - [`spawn_watch`]: kube-rs watchers over Services, EndpointSlices and the proxy's own
 //!   Node, handing on [`Batch`]es of the same k8s-openapi objects the manifests source
-//!   produces, so the binary converts them with `svcplane-source` exactly as in manifests
-//!   mode. Nothing leaves before every initial list is complete; restarts of the API server
+//!   produces.
+//! - [`feed`]: the API as a feed, converted with `svcplane-source` exactly as in manifests
+//!   mode: changes of the core's model for the proxy, discovery views for cluster DNS. Nothing leaves before every initial list is complete; restarts of the API server
 //!   and expired watches end in a relist whose difference is what is passed on (no
 //!   duplicate, no lost update). What upstream kube-proxy ignores is filtered on the server
 //!   side for the proxy (`service.kubernetes.io/service-proxy-name`, headless slices).
@@ -14,18 +15,20 @@
 //!   `svcplane-controller` from Pods, written with owner references and the upstream labels,
 //!   at most 100 endpoints per slice, and only the slices that must change.
 //!
-//! What it deliberately does not do: no conversion into the core model and no Service
-//! policy (that is `svcplane-source` and `svcplane-core`), no ClusterIP or NodePort
+//! What it deliberately does not do: no Service policy (that is `svcplane-core`), no
+//! conversion rules of its own (`svcplane-source` has them), no ClusterIP or NodePort
 //! allocation (the API server does that), no writes besides EndpointSlices, and no leader
 //! election (run one controller).
 
 mod access;
 pub mod controller;
 mod error;
+pub mod feed;
 mod mirror;
 mod source;
 
 pub use access::ClusterAccess;
 pub use error::KubeError;
+pub use feed::{ApiConversion, initial_changes, spawn_change_feed, spawn_discovery_feed};
 pub use mirror::ObjectMirror;
 pub use source::{Batch, HEADLESS_LABEL, ObjectChange, SERVICE_PROXY_NAME_LABEL, WatchOptions, spawn_watch};

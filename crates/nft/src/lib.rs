@@ -18,6 +18,7 @@
 //! seconds, so callers keep their own record of what they wrote.
 
 pub mod cli;
+pub mod client;
 pub mod error;
 pub mod fake;
 pub mod netlink;
@@ -27,6 +28,7 @@ pub mod trace;
 pub mod validation;
 
 pub use cli::NftCli;
+pub use client::NftClient;
 pub use error::{ErrorKind, NftError, ObjectKind};
 pub use fake::{FakeNftables, FakeTable};
 pub use netlink::NftNetlink;

@@ -1,6 +1,9 @@
-//! Where svcplane learns the cluster state: today a directory of Kubernetes manifests,
-//! later the Kubernetes API. This crate reads objects and turns them into the core's model.
+//! Where svcplane learns the cluster state from a directory of Kubernetes manifests, and the
+//! conversion of Kubernetes objects into the core's model that every feed shares (the API
+//! feed in `svcplane-kube` uses it too).
 //!
+//! - [`feed`] is the manifests feed: complete reads of the directory, through the controller,
+//!   out as [`svcplane_core::Change`]s for the proxy or discovery views for cluster DNS.
 //! - [`manifests`] loads every `*.yaml`, `*.yml` and `*.json` file of a directory into
 //!   k8s-openapi objects ([`ClusterObjects`]), remembering which file each came from and
 //!   reporting every broken document without dropping the rest.
@@ -9,7 +12,7 @@
 //!   [`svcplane_core`] values; errors name the file, the object and the field.
 //! - [`diff`] turns successive full snapshots into the minimal [`svcplane_core::Change`]s.
 //! - [`dns_view`] converts Services (headless and ExternalName too) and EndpointSlices into
-//!   the DNS crate's input model.
+//!   the core's discovery model.
 //!
 //! What it deliberately does not do: no ClusterIP / NodePort allocation and no EndpointSlice
 //! generation from Pods (that is the controller crate, which takes [`ClusterObjects`]), no
@@ -19,11 +22,13 @@
 pub mod convert;
 pub mod diff;
 pub mod dns_view;
+pub mod feed;
 pub mod manifests;
 pub mod watch;
 
 pub use convert::{Converted, FieldError, Problem, convert_objects, node_to_core, service_to_core, slice_to_core};
 pub use diff::SnapshotDiffer;
 pub use dns_view::{DnsView, dns_view, service_to_dns};
+pub use feed::{FeedError, ManifestsFeed, ManifestsSettings};
 pub use manifests::{ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, Position, load_directory};
 pub use watch::{DEFAULT_POLL_INTERVAL, DirectoryWatcher};

@@ -1,6 +1,7 @@
 //! Health-check node ports (`spec.healthCheckNodePort`): a small HTTP server per port that
 //! tells an external load balancer whether this node has local endpoints for the Service,
-//! in the JSON shape kube-proxy serves (200 with endpoints, 503 without).
+//! in the JSON shape kube-proxy serves (200 with endpoints, 503 without, and 503 while the
+//! proxy is not healthy: its last sync failed).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -30,13 +31,26 @@ struct Listener {
 }
 
 /// The running health-check servers, one per port, kept in line with the plan.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct HealthServers {
     answers: Arc<RwLock<BTreeMap<u16, Answer>>>,
     listeners: BTreeMap<u16, Listener>,
+    /// `serviceProxyHealthy`: false while the kernel may not hold what the counts say.
+    proxy_healthy: Arc<AtomicBool>,
+}
+
+impl Default for HealthServers {
+    fn default() -> Self {
+        Self { answers: Arc::default(), listeners: BTreeMap::new(), proxy_healthy: Arc::new(AtomicBool::new(true)) }
+    }
 }
 
 impl HealthServers {
+    /// Whether the proxy is healthy; every port answers 503 while it is not.
+    pub fn set_proxy_healthy(&self, healthy: bool) {
+        self.proxy_healthy.store(healthy, Ordering::Release);
+    }
+
     /// Starts servers for new ports, stops those no longer wanted, updates the counts.
     pub fn update(&mut self, checks: &BTreeMap<NamespacedName, HealthCheck>) {
         let wanted: BTreeMap<u16, Answer> = checks
@@ -88,10 +102,11 @@ impl HealthServers {
             listener.set_nonblocking(true)?;
             let stop = Arc::clone(&stop);
             let answers = Arc::clone(&self.answers);
+            let healthy = Arc::clone(&self.proxy_healthy);
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("health-{port}"))
-                    .spawn(move || serve(&listener, port, &answers, &stop))?,
+                    .spawn(move || serve(&listener, port, &answers, &healthy, &stop))?,
             );
         }
         if threads.is_empty() {
@@ -107,12 +122,18 @@ impl Drop for HealthServers {
     }
 }
 
-fn serve(listener: &TcpListener, port: u16, answers: &RwLock<BTreeMap<u16, Answer>>, stop: &AtomicBool) {
+fn serve(
+    listener: &TcpListener,
+    port: u16,
+    answers: &RwLock<BTreeMap<u16, Answer>>,
+    healthy: &AtomicBool,
+    stop: &AtomicBool,
+) {
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((stream, _)) => {
                 let answer = answers.read().expect("health answers lock").get(&port).cloned();
-                if let Err(error) = respond(stream, answer) {
+                if let Err(error) = respond(stream, answer, healthy.load(Ordering::Acquire)) {
                     tracing::debug!("health-check node port {port}: {error}");
                 }
             }
@@ -126,23 +147,26 @@ fn serve(listener: &TcpListener, port: u16, answers: &RwLock<BTreeMap<u16, Answe
 }
 
 /// The response body kube-proxy's service health server writes.
-fn body(answer: &Answer) -> String {
+fn body(answer: &Answer, healthy: bool) -> String {
     format!(
-        "{{\"service\":{{\"namespace\":\"{}\",\"name\":\"{}\"}},\"localEndpoints\":{},\"serviceProxyHealthy\":true}}",
+        "{{\"service\":{{\"namespace\":\"{}\",\"name\":\"{}\"}},\"localEndpoints\":{},\"serviceProxyHealthy\":{healthy}}}",
         answer.service.namespace, answer.service.name, answer.local_endpoints
     )
 }
 
-fn respond(mut stream: TcpStream, answer: Option<Answer>) -> std::io::Result<()> {
+fn respond(mut stream: TcpStream, answer: Option<Answer>, healthy: bool) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
     // Read the request head; its content does not matter (any path answers).
     let mut request = [0u8; 2048];
     let _ = stream.read(&mut request)?;
+    // The weight header carries the count whatever the status, as kube-proxy's does.
     let (status, body, weight) = match &answer {
-        Some(answer) if answer.local_endpoints > 0 => ("200 OK", body(answer), answer.local_endpoints),
-        Some(answer) => ("503 Service Unavailable", body(answer), 0),
+        Some(answer) if answer.local_endpoints > 0 && healthy => {
+            ("200 OK", body(answer, healthy), answer.local_endpoints)
+        }
+        Some(answer) => ("503 Service Unavailable", body(answer, healthy), answer.local_endpoints),
         None => ("404 Not Found", String::new(), 0),
     };
     let response = format!(

@@ -1,0 +1,66 @@
+//! The one place modes are chosen: `--mode` names a crate that implements
+//! [`svcplane_core::Dataplane`], and this is where it is built.
+
+use anyhow::Context;
+use svcplane_backend_iptables::IptablesBackend;
+use svcplane_backend_nftables::NftablesBackend;
+use svcplane_core::Dataplane;
+use svcplane_iptables::{IptablesCli, Variant, detect_variant};
+use svcplane_nft::{NftCli, NftClient, NftNetlink};
+
+use crate::cli::{IptablesBackend as IptablesVariant, Mode, NftMechanism, ProxyArgs};
+
+/// The dataplane `--mode` names, ready to sync (nothing touches the kernel until then).
+pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
+    Ok(match args.mode {
+        Mode::Nftables => {
+            let client = match args.nft_mechanism {
+                NftMechanism::Netlink => {
+                    NftClient::Netlink(NftNetlink::new().context("opening the nf_tables netlink socket")?)
+                }
+                NftMechanism::Cli => NftClient::Cli(NftCli::new().with_program(args.nft_program.clone())),
+            };
+            Box::new(NftablesBackend::new(client))
+        }
+        Mode::Iptables => Box::new(IptablesBackend::new(IptablesCli::new(iptables_variant(args.iptables_backend)))),
+    })
+}
+
+/// Whether the mode's traffic goes through the kernel's conntrack (stale UDP flows then
+/// need removing after endpoint changes).
+pub fn uses_kernel_conntrack(mode: Mode) -> bool {
+    match mode {
+        Mode::Nftables | Mode::Iptables => true,
+    }
+}
+
+fn iptables_variant(choice: IptablesVariant) -> Variant {
+    match choice {
+        IptablesVariant::Legacy => Variant::Legacy,
+        IptablesVariant::Nft => Variant::Nft,
+        IptablesVariant::Auto => {
+            let detection = detect_variant(&[]);
+            tracing::info!(variant = detection.variant.name(), "iptables variant: {}", detection.reason);
+            detection.variant
+        }
+    }
+}
+
+/// A dataplane of every mode and variant, for `cleanup` (nothing is opened that a node
+/// without the mode's tools would fail on before its cleanup runs).
+pub fn every_mode() -> Vec<Box<dyn Dataplane>> {
+    vec![
+        Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new()))),
+        Box::new(IptablesBackend::new(IptablesCli::new(Variant::Legacy))),
+        Box::new(IptablesBackend::new(IptablesCli::new(Variant::Nft))),
+    ]
+}
+
+/// The dataplane `render` prints with: the same renderer, over nothing that touches the
+/// kernel.
+pub fn for_render(mode: Mode) -> Box<dyn Dataplane> {
+    match mode {
+        Mode::Nftables => Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new()))),
+        Mode::Iptables => Box::new(IptablesBackend::new(svcplane_iptables::FakeIptables::new())),
+    }
+}

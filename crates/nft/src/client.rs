@@ -1,0 +1,28 @@
+//! Either real mechanism behind one type, chosen at run time (`--nft-mechanism`).
+
+use crate::{NftCli, NftError, NftNetlink, Nftables, TableName, Transaction};
+
+/// The way transactions reach the kernel.
+#[derive(Debug)]
+pub enum NftClient {
+    /// A persistent nf_tables netlink socket: no process per sync, no text to parse.
+    Netlink(NftNetlink),
+    /// `nft -f -`: slower, but what an operator can replay by hand.
+    Cli(NftCli),
+}
+
+impl Nftables for NftClient {
+    fn apply(&mut self, transaction: &Transaction) -> Result<(), NftError> {
+        match self {
+            NftClient::Netlink(netlink) => netlink.apply(transaction),
+            NftClient::Cli(cli) => cli.apply(transaction),
+        }
+    }
+
+    fn delete_table(&mut self, table: &TableName) -> Result<bool, NftError> {
+        match self {
+            NftClient::Netlink(netlink) => netlink.delete_table(table),
+            NftClient::Cli(cli) => cli.delete_table(table),
+        }
+    }
+}

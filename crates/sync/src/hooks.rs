@@ -1,0 +1,65 @@
+//! What runs after a sync: each hook sees the plan that is now in the kernel and what
+//! changed, or hears that a sync failed.
+
+use svcplane_conntrack::{ConntrackCli, UdpFlowFilter};
+use svcplane_core::conntrack::{FlowDestination, stale_udp_flows};
+use svcplane_core::{DataplaneError, NodePlan, PlanDiff, SyncReport};
+use tracing::{info, warn};
+
+use crate::health::HealthServers;
+
+/// Something that follows the kernel's state.
+pub trait AfterSync: Send + std::fmt::Debug {
+    /// A sync succeeded: `plan` is in the kernel; `diff` is what this sync changed.
+    fn synced(&mut self, plan: &NodePlan, diff: &PlanDiff, report: &SyncReport);
+
+    /// A sync failed: the kernel still holds the last state that synced.
+    fn failed(&mut self, _error: &DataplaneError) {}
+}
+
+impl AfterSync for HealthServers {
+    fn synced(&mut self, plan: &NodePlan, _diff: &PlanDiff, _report: &SyncReport) {
+        self.update(&plan.health_checks);
+        self.set_proxy_healthy(true);
+    }
+
+    fn failed(&mut self, _error: &DataplaneError) {
+        // The kernel may not hold what the counts describe: answer 503, as kube-proxy does
+        // when it is not healthy, until a sync succeeds.
+        self.set_proxy_healthy(false);
+    }
+}
+
+/// Deletes the UDP conntrack entries the core calls stale after each sync, once the rules
+/// that replace them are in (modes whose traffic goes through the kernel's conntrack).
+#[derive(Debug, Default)]
+pub struct StaleUdpCleanup {
+    conntrack: ConntrackCli,
+}
+
+impl StaleUdpCleanup {
+    pub fn new(conntrack: ConntrackCli) -> Self {
+        Self { conntrack }
+    }
+}
+
+impl AfterSync for StaleUdpCleanup {
+    fn synced(&mut self, plan: &NodePlan, diff: &PlanDiff, _report: &SyncReport) {
+        for stale in stale_udp_flows(plan, diff) {
+            let filter = UdpFlowFilter {
+                family: stale.family,
+                destination: match stale.destination {
+                    FlowDestination::Address(address) => Some(address),
+                    FlowDestination::NodePort => None,
+                },
+                port: stale.port,
+                keep_replies_from: stale.keep_replies_from,
+            };
+            match self.conntrack.delete_udp_flows(&filter) {
+                Ok(0) => {}
+                Ok(deleted) => info!(deleted, port = filter.port, "removed stale UDP flows"),
+                Err(error) => warn!("removing stale UDP flows: {error}"),
+            }
+        }
+    }
+}
