@@ -4,11 +4,11 @@
 //! `cargo bench -p svcplane --bench scale -- --sizes 1000,10000 --endpoints 10 --repeat 3`
 //! (needs root for `ip netns`). Prints one table per size; `--markdown FILE` also writes the
 //! tables as markdown. Results are reported with ratios against baselines measured in the
-//! same run: a raw `nft -f` of the research shape (`shared/tools/nft-shape-rule-cascade.py`)
+//! same run: a raw `nft -f` of the plain linear shape (a chain per service with a `numgen` cascade)
 //! and one tiny `nft -f` transaction against that table. See `docs/benchmarks.md`.
 //!
-//! The manifests -> plan wiring below repeats the few lines of `src/pipeline.rs` and
-//! `src/proxy.rs` with the library crates (a bench cannot reach the binary's modules).
+//! The manifests -> plan wiring below calls the library crates phase by phase (the binary's
+//! sync loop does the same in one go), so each phase can be timed on its own.
 
 use std::fmt::Write as _;
 use std::io::Write as _;

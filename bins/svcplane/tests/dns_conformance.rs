@@ -1,6 +1,6 @@
 //! Conformance of `svcplane dns` with the Kubernetes DNS-Based Service Discovery
 //! specification (schema 1.1.0), section by section, and with the CoreDNS behaviours
-//! clients rely on (checklist in shared/research/dns-anchor.md §1.2). Every test starts the
+//! clients rely on (resolv.conf search paths, SRV shapes, negative answers with the SOA). Every test starts the
 //! real binary on 127.0.0.1 (a free port) over a manifests directory it writes, and asks the
 //! real `dig`, over UDP and over TCP, checking answers, response codes, the AA flag, TTLs and
 //! the SOA of negative answers.

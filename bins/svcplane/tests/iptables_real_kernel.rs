@@ -1,6 +1,6 @@
 //! Real-kernel scenarios for `svcplane proxy --mode iptables`, once with
 //! `--iptables-backend legacy` and once with `--iptables-backend nft`: real packets through
-//! real iptables rules in a namespace lab (needs root; see `shared/design/LAB.md`). Nothing
+//! real iptables rules in a namespace lab (needs root; see `docs/lab.md`). Nothing
 //! here runs iptables outside the lab's namespaces.
 //!
 //! Each test builds its own two-node lab with its own proxies, so tests run in parallel;

@@ -1,5 +1,5 @@
 //! Real-kernel scenarios for `svcplane proxy --mode nftables`: real packets through real
-//! nftables rules in a namespace lab (needs root; see `shared/design/LAB.md`).
+//! nftables rules in a namespace lab (needs root; see `docs/lab.md`).
 //!
 //! Each test builds its own two-node lab with its own proxies, so tests run in parallel;
 //! the shared scenario table lives in `scenarios/` and also runs against the in-memory

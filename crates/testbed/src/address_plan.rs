@@ -1,4 +1,4 @@
-//! The lab's address plan (see `shared/design/LAB.md`), as constants and pure functions.
+//! The lab's address plan (see `docs/lab.md`), as constants and pure functions.
 //!
 //! Numbering: nodes are `1..=MAX_NODES`, pods are numbered `1..` on their node, external
 //! clients are `1..=MAX_CLIENTS`. IPv6 addresses spell the same decimal number as the IPv4

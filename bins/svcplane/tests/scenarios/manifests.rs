@@ -4,7 +4,7 @@
 //! files into the directory its proxies watch, and the fake-kernel runner feeds the very
 //! same text through the library pipeline, so both backends see one cluster.
 //!
-//! Addresses follow `shared/design/LAB.md`: nodes `198.18.0.(10+N)`, pods
+//! Addresses follow `docs/lab.md`: nodes `198.18.0.(10+N)`, pods
 //! `198.18.(128+N).k`, ClusterIPs in `198.19.0.0/16`, load-balancer and external IPs in
 //! `198.18.100.0/24` (and the IPv6 twins of each).
 
