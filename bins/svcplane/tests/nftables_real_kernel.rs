@@ -258,3 +258,44 @@ fn svcplane_cleanup_removes_the_svcplane_tables_from_the_node() {
     assert!(probe.is_err(), "after cleanup the ClusterIP still answered: {probe:?}");
     cluster.teardown();
 }
+
+/// What firewall reloads do behind svcplane's back, each followed by the proof that the
+/// ClusterIP answers again within 5 s and the log says what was found.
+fn a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(damage: &[&[&str]]) {
+    const WITHIN: Duration = Duration::from_secs(5);
+    let cluster = Cluster::start(NFTABLES);
+    let lab = cluster.lab();
+    let node = lab.node(THIS_NODE).namespace_name().to_owned();
+    let target = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
+    for command in damage {
+        lab.exec_ok(&node, command).unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    }
+    assert!(lab.tcp_request(&node, target, Duration::from_millis(300)).is_err(), "the damage broke the ClusterIP");
+    let repaired = eventually(WITHIN, || lab.tcp_request(&node, target, Duration::from_millis(300)).ok());
+    let Some((reply, took)) = repaired else {
+        panic!("the ClusterIP did not answer again within {WITHIN:?}\n{}", cluster.diagnostics());
+    };
+    eprintln!("{damage:?}: repaired after {took:?}, answered by {}", reply.server_name);
+    let log = cluster.proxy_log(THIS_NODE);
+    assert!(log.contains("behind svcplane's back"), "the proxy says what it found:\n{log}");
+    cluster.teardown();
+}
+
+#[test]
+fn a_svcplane_table_deleted_behind_its_back_is_put_back_within_five_seconds() {
+    a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(&[&[
+        "nft", "delete", "table", "ip", "svcplane",
+    ]]);
+}
+
+#[test]
+fn a_flushed_ruleset_is_put_back_within_five_seconds() {
+    a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(&[&["nft", "flush", "ruleset"]]);
+}
+
+#[test]
+fn a_flushed_svcplane_table_is_put_back_within_five_seconds() {
+    a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(&[&[
+        "nft", "flush", "table", "ip", "svcplane",
+    ]]);
+}

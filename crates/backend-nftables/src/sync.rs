@@ -4,10 +4,12 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use svcplane_core::{Dataplane, DataplaneError, IpFamily, NodePlan, PlanDiff, PlanKey, SyncReport as CoreSyncReport};
 use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, Transaction};
+use tracing::warn;
 
 use crate::render::{PortObjects, base_operations, hairpin_element, render_port, table_name};
 
@@ -42,7 +44,18 @@ pub struct NftablesBackend<N> {
     /// The node-port CIDRs the base objects were written with; a change rewrites all.
     written_node_port_cidrs: Option<BTreeMap<IpFamily, Vec<IpNet>>>,
     needs_full_sync: bool,
+    drift_check_interval: Duration,
+    last_drift_check: Option<Instant>,
 }
+
+/// How often [`NftablesBackend::find_drift`] asks the kernel: the loop may call it every
+/// tick, a deleted or flushed table is found within this (plus a sync).
+pub const DEFAULT_DRIFT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Chains every svcplane table holds rules in; none of them ever empty after a sync. A table
+/// deleted (`nft delete table`, `nft flush ruleset`) or flushed (`nft flush table`) shows
+/// here as a chain with no rules.
+const CANARY_CHAINS: [&str; 2] = ["services", "nat-prerouting"];
 
 /// Every table operation for `plan` from scratch, one transaction per family. The table is
 /// added, deleted and added again first, so whatever was there before is replaced whole.
@@ -178,7 +191,46 @@ impl<N: Nftables> NftablesBackend<N> {
             hairpin_refs: HashMap::new(),
             written_node_port_cidrs: None,
             needs_full_sync: true,
+            drift_check_interval: DEFAULT_DRIFT_CHECK_INTERVAL,
+            last_drift_check: None,
         }
+    }
+
+    /// How often drift checks actually ask the kernel.
+    pub fn with_drift_check_interval(mut self, interval: Duration) -> Self {
+        self.drift_check_interval = interval;
+        self
+    }
+
+    /// Looks (at most every check interval, and only once something was written) whether
+    /// svcplane's tables are still there and hold their rules; if not, asks for a full sync
+    /// and says what was found. Errors asking are logged, not fatal.
+    pub fn find_drift(&mut self) -> Option<String> {
+        if self.needs_full_sync || self.last_drift_check.is_some_and(|at| at.elapsed() < self.drift_check_interval) {
+            return None;
+        }
+        self.last_drift_check = Some(Instant::now());
+        for &family in &self.families {
+            let table = table_name(family);
+            for chain in CANARY_CHAINS {
+                match self.nft.count_rules(&table, chain) {
+                    Ok(0) => {
+                        self.needs_full_sync = true;
+                        return Some(format!(
+                            "chain {chain} of table {} {} holds no rules: the table was deleted or flushed",
+                            table.family.keyword(),
+                            table.name
+                        ));
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        warn!("checking svcplane's nftables table for drift: {error}");
+                        return None;
+                    }
+                }
+            }
+        }
+        None
     }
 
     pub fn nftables(&self) -> &N {
@@ -317,7 +369,7 @@ impl<N: Nftables + Send + std::fmt::Debug> Dataplane for NftablesBackend<N> {
     }
 
     fn detect_drift(&mut self) -> Option<String> {
-        None
+        self.find_drift()
     }
 
     fn render(&self, plan: &NodePlan) -> Result<String, DataplaneError> {

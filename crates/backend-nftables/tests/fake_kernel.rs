@@ -229,6 +229,10 @@ impl Nftables for Flaky {
     fn delete_table(&mut self, table: &TableName) -> Result<bool, NftError> {
         self.inner.delete_table(table)
     }
+
+    fn count_rules(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError> {
+        self.inner.count_rules(table, chain)
+    }
 }
 
 #[test]
@@ -391,4 +395,35 @@ mod traced_packets {
         let got = outcomes(&nft, Origin::Network, tcp("198.18.0.101", NODE, 30080));
         assert_eq!(got, forwarded_to(&["198.18.129.1"], false));
     }
+}
+
+#[test]
+fn a_table_deleted_behind_our_back_is_found_and_the_next_sync_rewrites_it() {
+    let mut h = Harness::new(FakeNftables::new());
+    h.backend = NftablesBackend::new(FakeNftables::new()).with_drift_check_interval(std::time::Duration::ZERO);
+    h.apply(vec![
+        Change::ServiceUpserted(service("web", "198.19.0.10", ServiceType::ClusterIp)),
+        Change::SliceUpserted(slice("web", &[("198.18.129.1", "node1")])),
+    ])
+    .unwrap();
+    assert_eq!(h.backend.find_drift(), None, "an intact table is no drift");
+
+    h.backend.nftables_mut().delete_table(&v4()).unwrap();
+    let found = h.backend.find_drift().expect("the deleted table is noticed");
+    assert!(found.contains("table ip svcplane"), "{found}");
+    let report = h.apply(Vec::new()).unwrap();
+    assert!(report.full, "the repair is a full sync");
+    let table = h.backend.nftables().table(&v4()).expect("the table is back");
+    let key = [Value::Address("198.19.0.10".parse().unwrap()), Value::Protocol(6), Value::Port(80)];
+    assert!(table.element("service-ips", &key).is_some());
+    assert_eq!(h.backend.find_drift(), None);
+}
+
+#[test]
+fn drift_is_not_looked_for_more_often_than_the_check_interval() {
+    let mut h = Harness::new(FakeNftables::new());
+    h.apply(vec![Change::ServiceUpserted(service("web", "198.19.0.10", ServiceType::ClusterIp))]).unwrap();
+    assert_eq!(h.backend.find_drift(), None);
+    h.backend.nftables_mut().delete_table(&v4()).unwrap();
+    assert_eq!(h.backend.find_drift(), None, "the default interval (1 s) has not passed");
 }

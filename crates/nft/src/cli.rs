@@ -177,6 +177,23 @@ impl Nftables for NftCli {
             error => Err(error),
         }
     }
+
+    fn count_rules(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError> {
+        validation::check_name(ObjectKind::Table, &table.name)?;
+        validation::check_name(ObjectKind::Chain, chain)?;
+        let output = self.run(&["-a", "list", "chain", table.family.keyword(), &table.name, chain], None)?;
+        if !output.status.success() {
+            // A missing table or chain holds no rules.
+            return Ok(0);
+        }
+        // With `-a`, every rule line ends in `# handle N`; the chain line itself does not.
+        let listing = String::from_utf8_lossy(&output.stdout);
+        let is_rule = |line: &&str| {
+            let line = line.trim_start();
+            line.contains("# handle") && !line.starts_with("chain ") && !line.starts_with("table ")
+        };
+        Ok(listing.lines().filter(is_rule).count())
+    }
 }
 
 /// Where nft says its first error is, and what it says.

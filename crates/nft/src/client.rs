@@ -25,4 +25,11 @@ impl Nftables for NftClient {
             NftClient::Cli(cli) => cli.delete_table(table),
         }
     }
+
+    fn count_rules(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError> {
+        match self {
+            NftClient::Netlink(netlink) => netlink.count_rules(table, chain),
+            NftClient::Cli(cli) => cli.count_rules(table, chain),
+        }
+    }
 }

@@ -105,6 +105,10 @@ impl Nftables for FakeNftables {
     fn delete_table(&mut self, table: &TableName) -> Result<bool, NftError> {
         Ok(self.tables.remove(table).is_some())
     }
+
+    fn count_rules(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError> {
+        Ok(self.tables.get(table).and_then(|t| t.rules(chain)).map_or(0, <[Rule]>::len))
+    }
 }
 
 impl FakeNftables {

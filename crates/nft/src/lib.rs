@@ -42,4 +42,8 @@ pub trait Nftables {
 
     /// Removes the table if it exists; Ok(false) if it did not.
     fn delete_table(&mut self, table: &TableName) -> Result<bool, NftError>;
+
+    /// How many rules `chain` of `table` holds now; 0 when the table or the chain is gone.
+    /// Cheap (one chain, not the table): what drift checks ask.
+    fn count_rules(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError>;
 }

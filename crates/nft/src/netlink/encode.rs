@@ -190,6 +190,17 @@ pub(super) fn holds_element(payload: &[u8]) -> bool {
     })
 }
 
+/// A `GETRULE` dump of one chain's rules.
+pub(super) fn get_rules_request(table: &TableName, chain: &str, seq: u32) -> Vec<u8> {
+    let mut writer = Writer::default();
+    let start =
+        writer.begin_message(msg_type(NFT_MSG_GETRULE), NLM_F_REQUEST | NLM_F_DUMP, seq, nfproto(table.family), 0);
+    writer.string(NFTA_RULE_TABLE, &table.name);
+    writer.string(NFTA_RULE_CHAIN, chain);
+    writer.end_message(start);
+    writer.buf
+}
+
 /// A `GETSET` request for one set.
 pub(super) fn get_set_request(table: &TableName, set: &str, seq: u32) -> Vec<u8> {
     let mut writer = Writer::default();

@@ -204,6 +204,25 @@ impl Nftables for NftNetlink {
             Some(ack) => Err(NftError::Apply { table: table.clone(), message: describe(ack.errno, &ack.message) }),
         }
     }
+
+    fn count_rules(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError> {
+        validation::check_name(ObjectKind::Table, &table.name)?;
+        validation::check_name(ObjectKind::Chain, chain)?;
+        self.count_rules_of(table, chain)
+    }
+}
+
+impl NftNetlink {
+    fn count_rules_of(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError> {
+        let seq = self.next_seqs(1);
+        let request = encode::get_rules_request(table, chain, seq);
+        let (replies, ack) = self.socket.request(&request, seq).map_err(socket_error)?;
+        match ack.errno {
+            0 => Ok(replies.len()),
+            libc::ENOENT => Ok(0),
+            errno => Err(NftError::Apply { table: table.clone(), message: describe(errno, &ack.message) }),
+        }
+    }
 }
 
 fn socket_error(source: io::Error) -> NftError {

@@ -39,6 +39,7 @@ pub(super) const NFT_MSG_DELTABLE: u16 = 2;
 pub(super) const NFT_MSG_NEWCHAIN: u16 = 3;
 pub(super) const NFT_MSG_DELCHAIN: u16 = 5;
 pub(super) const NFT_MSG_NEWRULE: u16 = 6;
+pub(super) const NFT_MSG_GETRULE: u16 = 7;
 pub(super) const NFT_MSG_DELRULE: u16 = 8;
 pub(super) const NFT_MSG_NEWSET: u16 = 9;
 pub(super) const NFT_MSG_GETSET: u16 = 10;
