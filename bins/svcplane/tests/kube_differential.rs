@@ -429,7 +429,7 @@ fn upstream_kube_proxy_and_svcplane_answer_every_scenario_row_alike_from_the_sam
         }
         match deliberate(row, theirs, mine) {
             Some(reason) => {
-                eprintln!("deliberate difference: {label}: kube-proxy {theirs:?}, svcplane {mine:?}: {reason}")
+                eprintln!("deliberate difference: {label}: kube-proxy {theirs:?}, svcplane {mine:?}: {reason}");
             }
             None => failures.push(format!("{label}\n    kube-proxy: {theirs:?}\n    svcplane:   {mine:?}")),
         }

@@ -83,7 +83,7 @@ fn sctp_services_work_where_the_kernel_has_sctp() {
         }
         return;
     }
-    let pods: &'static [&'static str] = scenarios::ALL_ECHO_PODS;
+    let pods: &'static [&'static str] = ALL_ECHO_PODS;
     let cluster = Cluster::builder(NFTABLES).line_servers(Protocol::Sctp, ECHO_PORT, pods).start();
     check_rows(&cluster, scenarios::SCTP);
     cluster.teardown();

@@ -420,7 +420,7 @@ pub fn render_port(plan: &ServicePortPlan) -> PortObjects {
             }
         }
         if plan.masquerade_hairpin {
-            objects.endpoint_addresses.extend(plan.endpoints(set).iter().map(|e| e.ip()));
+            objects.endpoint_addresses.extend(plan.endpoints(set).iter().map(SocketAddr::ip));
         }
     }
     objects.endpoint_addresses.sort();

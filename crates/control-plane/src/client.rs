@@ -24,7 +24,7 @@ pub struct NetnsClient {
     kubeconfig: PathBuf,
 }
 
-impl std::fmt::Debug for NetnsClient {
+impl Debug for NetnsClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NetnsClient").field("kubeconfig", &self.kubeconfig).finish_non_exhaustive()
     }

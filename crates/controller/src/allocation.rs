@@ -344,7 +344,7 @@ impl Allocator {
         let fallback = ServiceSpec::default();
         let spec = service.spec.as_ref().unwrap_or(&fallback);
         let kind = match spec.type_.as_deref() {
-            None | Some("") | Some("ClusterIP") => Kind::ClusterIp,
+            None | Some("" | "ClusterIP") => Kind::ClusterIp,
             Some("NodePort") => Kind::NodePort,
             Some("LoadBalancer") => Kind::LoadBalancer,
             Some("ExternalName") => {
@@ -456,7 +456,7 @@ impl Allocator {
         explicit: &[IpAddr],
     ) -> Option<Vec<IpFamily>> {
         let policy = match spec.ip_family_policy.as_deref() {
-            None | Some("") | Some("SingleStack") => Policy::Single,
+            None | Some("" | "SingleStack") => Policy::Single,
             Some("PreferDualStack") => Policy::PreferDual,
             Some("RequireDualStack") => Policy::RequireDual,
             Some(other) => {
@@ -750,7 +750,7 @@ fn claim_explicit(demands: &mut [Demand<'_>], d: usize, claims: &mut Claims) {
         let (Some(ip), None) = (want.explicit, want.got) else { continue };
         match claims.ips.get(&ip) {
             Some(&holder) => {
-                failures.push((want.field.clone(), Reason::ClusterIpTaken { ip, holder: demands[holder].key.clone() }))
+                failures.push((want.field.clone(), Reason::ClusterIpTaken { ip, holder: demands[holder].key.clone() }));
             }
             None => {
                 claims.ips.insert(ip, d);
@@ -806,7 +806,7 @@ impl Protocol {
     /// `None` is TCP, the Kubernetes default; an unknown value is returned as the error.
     fn from_kubernetes(value: Option<&str>) -> Result<Self, String> {
         match value {
-            None | Some("") | Some("TCP") => Ok(Protocol::Tcp),
+            None | Some("" | "TCP") => Ok(Protocol::Tcp),
             Some("UDP") => Ok(Protocol::Udp),
             Some("SCTP") => Ok(Protocol::Sctp),
             Some(other) => Err(other.to_owned()),

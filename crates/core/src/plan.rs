@@ -309,8 +309,11 @@ fn health_check(service: &Service, ports: &BTreeMap<PlanKey, ServicePortPlan>) -
     }
     // Counted in the primary family only, as kube-proxy does: a dual-stack pod is one endpoint.
     let primary = service.cluster_ips.first().map(IpFamily::of)?;
-    let local: BTreeSet<IpAddr> =
-        ports.values().filter(|p| p.family == primary).flat_map(|p| p.local_endpoints.iter().map(|e| e.ip())).collect();
+    let local: BTreeSet<IpAddr> = ports
+        .values()
+        .filter(|p| p.family == primary)
+        .flat_map(|p| p.local_endpoints.iter().map(SocketAddr::ip))
+        .collect();
     Some(HealthCheck { port, local_endpoints: local.len() })
 }
 

@@ -314,7 +314,7 @@ impl<'z> Chain<'z> {
                 }
             }
             // Empty non-terminals.
-            ["svc"] | ["pod"] | ["dns"] => Found::no_data(),
+            ["svc" | "pod" | "dns"] => Found::no_data(),
             ["ns", "dns"] => Found::answers(self.address_records(asked, zone.name_server_ips().iter().copied())),
             [namespace, "svc"] => {
                 if zone.has_namespace(namespace) {

@@ -73,7 +73,7 @@ pub fn parse_reverse_name(labels: &[&str]) -> Option<IpAddr> {
 
 /// Whether `labels` (lower case, leftmost first) lie under a reverse-lookup tree.
 pub fn is_reverse_name(labels: &[&str]) -> bool {
-    matches!(labels, [.., "in-addr", "arpa"] | [.., "ip6", "arpa"])
+    matches!(labels, [.., "in-addr" | "ip6", "arpa"])
 }
 
 /// The reverse name of `ip`, without trailing dot: `4.3.2.1.in-addr.arpa`.

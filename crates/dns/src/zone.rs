@@ -279,7 +279,7 @@ impl Zone {
         }
         // Sorted, so answers do not depend on hash order.
         for names in reverse.values_mut() {
-            names.sort_by(|a, b| a.cmp_case(b));
+            names.sort_by(Name::cmp_case);
         }
 
         let name_server_ips = services

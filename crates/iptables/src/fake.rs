@@ -158,7 +158,7 @@ impl FakeIptables {
     /// What `iptables -F; iptables -X` in every table does: only built-in chains remain,
     /// empty.
     pub fn flush_everything(&mut self, family: Family) {
-        for ((f, table), fake) in self.tables.iter_mut() {
+        for ((f, table), fake) in &mut self.tables {
             if *f == family {
                 *fake = FakeTable::new(*table);
             }

@@ -531,7 +531,7 @@ pub fn node_to_core(node: &Node) -> model::Node {
                 Some(ip) if !addresses.contains(&ip) => addresses.push(ip),
                 Some(_) => {}
                 None => {
-                    debug!(node = meta.name.as_deref().unwrap_or_default(), address = %address.address, "ignoring an unparsable node address")
+                    debug!(node = meta.name.as_deref().unwrap_or_default(), address = %address.address, "ignoring an unparsable node address");
                 }
             }
         }

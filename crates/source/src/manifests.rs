@@ -527,7 +527,7 @@ pub(crate) fn read_and_parse(paths: Vec<PathBuf>) -> Vec<(Arc<Path>, FileContent
         match fs::read_to_string(&path) {
             Ok(text) => texts.push((files.len(), text)),
             Err(source) => {
-                contents.errors.push(ManifestError::ReadFile { path: path.clone(), source: Arc::new(source) })
+                contents.errors.push(ManifestError::ReadFile { path: path.clone(), source: Arc::new(source) });
             }
         }
         files.push((Arc::from(path), contents));
@@ -896,7 +896,7 @@ fn parse_yaml_document(file: &Arc<Path>, document: &Document<'_>, index: Option<
             Err(failure) => out.errors.push(failure.into_error(error_position, document.first_line, None)),
         },
         Class::Other => {
-            debug!(file = %file.display(), %api_version, %kind, "ignoring an object of a kind svcplane does not use")
+            debug!(file = %file.display(), %api_version, %kind, "ignoring an object of a kind svcplane does not use");
         }
     }
 }

@@ -112,7 +112,7 @@ impl Family {
         match self {
             Family::V4 => &[Family::V4],
             Family::V6 => &[Family::V6],
-            Family::Both => &[Family::V4, Family::V6],
+            Both => &[Family::V4, Family::V6],
         }
     }
 
@@ -120,7 +120,7 @@ impl Family {
         match self {
             Family::V4 => false,
             Family::V6 => true,
-            Family::Both => panic!("a row's family is resolved before it is used"),
+            Both => panic!("a row's family is resolved before it is used"),
         }
     }
 }
@@ -130,7 +130,7 @@ impl fmt::Display for Family {
         f.write_str(match self {
             Family::V4 => "IPv4",
             Family::V6 => "IPv6",
-            Family::Both => "IPv4+IPv6",
+            Both => "IPv4+IPv6",
         })
     }
 }
@@ -147,18 +147,18 @@ impl Protocol {
     /// `TCP`, `UDP`, `SCTP`.
     pub fn kubernetes(self) -> &'static str {
         match self {
-            Protocol::Tcp => "TCP",
-            Protocol::Udp => "UDP",
-            Protocol::Sctp => "SCTP",
+            Tcp => "TCP",
+            Udp => "UDP",
+            Sctp => "SCTP",
         }
     }
 
     /// The IP protocol number.
     pub fn number(self) -> u8 {
         match self {
-            Protocol::Tcp => 6,
-            Protocol::Udp => 17,
-            Protocol::Sctp => 132,
+            Tcp => 6,
+            Udp => 17,
+            Sctp => 132,
         }
     }
 }
@@ -166,9 +166,9 @@ impl Protocol {
 impl fmt::Display for Protocol {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-            Protocol::Sctp => "sctp",
+            Tcp => "tcp",
+            Udp => "udp",
+            Sctp => "sctp",
         })
     }
 }
