@@ -243,14 +243,6 @@ pub fn node_ports_jumps(addressing: &NodePortAddressing) -> Vec<Rule> {
         .collect()
 }
 
-fn protocol(plan: &ServicePortPlan) -> Protocol {
-    match plan.protocol {
-        svcplane_core::Protocol::Tcp => Protocol::Tcp,
-        svcplane_core::Protocol::Udp => Protocol::Udp,
-        svcplane_core::Protocol::Sctp => Protocol::Sctp,
-    }
-}
-
 fn host(address: IpAddr) -> IpNet {
     IpNet::from(address)
 }
@@ -303,7 +295,7 @@ impl<'a> PortRenderer<'a> {
     fn new(plan: &'a ServicePortPlan, node_ports: &'a NodePortAddressing) -> Self {
         Self {
             plan,
-            protocol: protocol(plan),
+            protocol: plan.protocol,
             name: service_port_name(&plan.name),
             node_ports,
             out: PortRules::default(),

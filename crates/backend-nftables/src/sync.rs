@@ -60,24 +60,32 @@ const CANARY_CHAINS: [&str; 2] = ["services", "nat-prerouting"];
 /// Every table operation for `plan` from scratch, one transaction per family. The table is
 /// added, deleted and added again first, so whatever was there before is replaced whole.
 pub fn render_full(plan: &NodePlan, families: &[IpFamily]) -> Vec<Transaction> {
+    render_full_with_objects(plan, families).into_iter().map(|(transaction, _)| transaction).collect()
+}
+
+/// [`render_full`], with each family's service ports rendered (once) beside its transaction,
+/// for the record a full sync keeps.
+fn render_full_with_objects(plan: &NodePlan, families: &[IpFamily]) -> Vec<(Transaction, Vec<(PlanKey, PortObjects)>)> {
     families
         .iter()
         .map(|&family| {
             let mut operations = vec![Operation::AddTable { comment: None }, Operation::DeleteTable];
             operations.extend(base_operations(family, plan));
             let mut hairpin: HashSet<IpAddr> = HashSet::new();
-            for (_, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
+            let mut rendered = Vec::new();
+            for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
                 let objects = render_port(port_plan);
                 operations.extend(objects.sets.iter().cloned().map(Operation::AddSet));
                 add_chains(&mut operations, &objects.chains);
-                operations.extend(objects.elements.into_iter().map(Operation::AddElement));
-                for address in objects.endpoint_addresses {
+                operations.extend(objects.elements.iter().cloned().map(Operation::AddElement));
+                for &address in &objects.endpoint_addresses {
                     if hairpin.insert(address) {
                         operations.push(Operation::AddElement(hairpin_element(address)));
                     }
                 }
+                rendered.push((key.clone(), objects));
             }
-            Transaction { table: table_name(family), operations }
+            (Transaction { table: table_name(family), operations }, rendered)
         })
         .collect()
 }
@@ -256,9 +264,9 @@ impl<N: Nftables> NftablesBackend<N> {
     }
 
     fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, SyncError> {
-        let transactions = render_full(plan, &self.families);
+        let rendered = render_full_with_objects(plan, &self.families);
         let mut operations = 0;
-        for (transaction, &family) in transactions.iter().zip(&self.families) {
+        for ((transaction, _), &family) in rendered.iter().zip(&self.families) {
             operations += transaction.operations.len();
             self.nft.apply(transaction).map_err(|source| SyncError::Apply {
                 family,
@@ -268,12 +276,11 @@ impl<N: Nftables> NftablesBackend<N> {
         }
         self.written.clear();
         self.hairpin_refs.clear();
-        for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| self.families.contains(&key.family)) {
-            let objects = render_port(port_plan);
+        for (key, objects) in rendered.into_iter().flat_map(|(_, ports)| ports) {
             for address in &objects.endpoint_addresses {
                 *self.hairpin_refs.entry((key.family, *address)).or_insert(0) += 1;
             }
-            self.written.insert(key.clone(), objects);
+            self.written.insert(key, objects);
         }
         self.written_node_port_cidrs = Some(plan.node_port_cidrs.clone());
         self.needs_full_sync = false;

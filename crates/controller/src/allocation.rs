@@ -235,7 +235,7 @@ impl Allocator {
             count => return Err(ConfigError::TooManyServiceCidrs { count }),
         }
         if let [first, second] = config.service_cidrs[..]
-            && IpFamily::of(first.addr()) == IpFamily::of(second.addr())
+            && IpFamily::of(&first.addr()) == IpFamily::of(&second.addr())
         {
             return Err(ConfigError::SameFamilyTwice { first, second });
         }
@@ -412,11 +412,11 @@ impl Allocator {
                     demand.reject(ip_field(i), Reason::InvalidIp { value: (*text).to_owned() });
                     continue;
                 };
-                if i == 1 && explicit.first().is_some_and(|first| IpFamily::of(*first) == IpFamily::of(ip)) {
-                    demand.reject(ip_field(i), Reason::DuplicateFamily { family: IpFamily::of(ip) });
+                if i == 1 && explicit.first().is_some_and(|first| IpFamily::of(first) == IpFamily::of(&ip)) {
+                    demand.reject(ip_field(i), Reason::DuplicateFamily { family: IpFamily::of(&ip) });
                     continue;
                 }
-                match self.pool(IpFamily::of(ip)) {
+                match self.pool(IpFamily::of(&ip)) {
                     Some((_, pool)) if pool.cidr.contains(&ip) => {
                         if let Err(reason) = pool.check_explicit(ip) {
                             demand.reject(ip_field(i), reason);
@@ -491,14 +491,14 @@ impl Allocator {
             }
         }
         for (i, (&family, ip)) in requested.iter().zip(explicit).enumerate() {
-            if IpFamily::of(*ip) != family {
+            if IpFamily::of(ip) != family {
                 let detail = format!("{ip} is not an {family} address as spec.ipFamilies[{i}] says");
                 demand.reject(format!("spec.clusterIPs[{i}]"), Reason::Inconsistent { detail });
                 return None;
             }
         }
         if requested.is_empty() {
-            requested.extend(explicit.iter().map(|ip| IpFamily::of(*ip)));
+            requested.extend(explicit.iter().map(IpFamily::of));
         }
         let primary = requested.first().copied().unwrap_or(self.pools[0].family);
         let is_configured = |family| self.pool(family).is_some();
@@ -600,7 +600,7 @@ impl Allocator {
         }
         let Some(held) = self.held.get(&demand.key) else { return };
         for want in &mut demand.ips {
-            let Some(&ip) = held.cluster_ips.iter().find(|ip| IpFamily::of(**ip) == want.family) else { continue };
+            let Some(&ip) = held.cluster_ips.iter().find(|ip| IpFamily::of(ip) == want.family) else { continue };
             let pool = &self.pools[want.pool];
             let wanted = match want.explicit {
                 Some(explicit) => explicit == ip,
@@ -934,7 +934,7 @@ impl<'s> Demand<'s> {
         };
         spec.cluster_ip = ips.first().cloned();
         spec.cluster_ips = Some(ips);
-        spec.ip_families = Some(self.families.iter().map(|family| family.as_str().to_owned()).collect());
+        spec.ip_families = Some(self.families.iter().map(|family| family.kubernetes_name().to_owned()).collect());
         if spec.ip_family_policy.as_deref().is_none_or(str::is_empty) {
             spec.ip_family_policy = Some("SingleStack".to_owned());
         }
@@ -1030,8 +1030,8 @@ impl IpPool {
         let host_bits = u32::from(cidr.max_prefix_len() - cidr.prefix_len());
         let size = if host_bits >= 128 { u128::MAX } else { 1u128 << host_bits };
         let (family, base, broadcast) = match cidr.network() {
-            IpAddr::V4(network) => (IpFamily::Ipv4, u128::from(u32::from(network)), Some(size - 1)),
-            IpAddr::V6(network) => (IpFamily::Ipv6, u128::from(network), None),
+            IpAddr::V4(network) => (IpFamily::V4, u128::from(u32::from(network)), Some(size - 1)),
+            IpAddr::V6(network) => (IpFamily::V6, u128::from(network), None),
         };
         let end = broadcast.unwrap_or(size);
         if end <= 2 {
@@ -1051,8 +1051,8 @@ impl IpPool {
     fn address(&self, offset: u128) -> IpAddr {
         let value = self.base + offset;
         match self.family {
-            IpFamily::Ipv4 => IpAddr::V4(Ipv4Addr::from(u32::try_from(value).expect("offset inside an IPv4 CIDR"))),
-            IpFamily::Ipv6 => IpAddr::V6(Ipv6Addr::from(value)),
+            IpFamily::V4 => IpAddr::V4(Ipv4Addr::from(u32::try_from(value).expect("offset inside an IPv4 CIDR"))),
+            IpFamily::V6 => IpAddr::V6(Ipv6Addr::from(value)),
         }
     }
 

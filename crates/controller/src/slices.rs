@@ -222,8 +222,8 @@ impl<'s> Target<'s> {
         let cluster_ip = spec.cluster_ip.as_deref();
         if families.is_empty() {
             match cluster_ip.and_then(|ip| ip.parse::<IpAddr>().ok()) {
-                Some(ip) => families.push(IpFamily::of(ip)),
-                None => families.extend([IpFamily::Ipv4, IpFamily::Ipv6]),
+                Some(ip) => families.push(IpFamily::of(&ip)),
+                None => families.extend([IpFamily::V4, IpFamily::V6]),
             }
         }
         Ok(Some(Self {
@@ -248,7 +248,7 @@ impl<'s> Target<'s> {
             let group = groups.entry(resolved).or_default();
             let mut seen = [false; 2];
             for ip in pod_ips(pod) {
-                let family = IpFamily::of(ip);
+                let family = IpFamily::of(&ip);
                 let slot = family_slot(family);
                 if !self.families.contains(&family) || seen[slot] {
                     continue;
@@ -271,7 +271,7 @@ impl<'s> Target<'s> {
                 if endpoints.is_empty() {
                     continue;
                 }
-                let family = [IpFamily::Ipv4, IpFamily::Ipv6][slot];
+                let family = [IpFamily::V4, IpFamily::V6][slot];
                 endpoints.sort_by(|(a_ip, a), (b_ip, b)| a_ip.cmp(b_ip).then_with(|| pod_name(a).cmp(pod_name(b))));
                 let mut endpoints = endpoints.into_iter().map(|(_, endpoint)| endpoint).peekable();
                 let mut index = 0;
@@ -281,7 +281,7 @@ impl<'s> Target<'s> {
                     let name = format!("{}-{}", self.key.name, stable_suffix(&identity, SUFFIX_LEN));
                     by_family[slot].push(EndpointSlice {
                         metadata: self.slice_metadata(name),
-                        address_type: family.as_str().to_owned(),
+                        address_type: family.kubernetes_name().to_owned(),
                         endpoints: chunk,
                         ports: Some(ports.clone()),
                     });
@@ -399,8 +399,8 @@ fn port_identity(port: &EndpointPort) -> String {
 
 fn family_slot(family: IpFamily) -> usize {
     match family {
-        IpFamily::Ipv4 => 0,
-        IpFamily::Ipv6 => 1,
+        IpFamily::V4 => 0,
+        IpFamily::V6 => 1,
     }
 }
 

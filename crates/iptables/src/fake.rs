@@ -222,7 +222,7 @@ fn check_rule(table: &FakeTable, family: Family, rule: &Rule) -> Result<(), Stri
             }
             Arg::Match(Match::Port { protocol: module, destination_port }) => {
                 if protocol != Some(*module) {
-                    return Err(format!("{} match: only valid for protocol {}", module.name(), module.number()));
+                    return Err(format!("{} match: only valid for protocol {}", module.as_str(), module.number()));
                 }
                 port_module = Some(destination_port.is_some());
             }

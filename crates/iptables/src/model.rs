@@ -108,41 +108,8 @@ impl fmt::Display for Table {
     }
 }
 
-/// Transport protocols with a port match.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Protocol {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-impl Protocol {
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-            Protocol::Sctp => "sctp",
-        }
-    }
-
-    /// The IP protocol number.
-    pub fn number(self) -> u8 {
-        match self {
-            Protocol::Tcp => 6,
-            Protocol::Udp => 17,
-            Protocol::Sctp => 132,
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Protocol> {
-        match name {
-            "tcp" | "6" => Some(Protocol::Tcp),
-            "udp" | "17" => Some(Protocol::Udp),
-            "sctp" | "132" => Some(Protocol::Sctp),
-            _ => None,
-        }
-    }
-}
+/// Transport protocols with a port match: the shared vocabulary's.
+pub use svcplane_net::Protocol;
 
 /// `[!] -s NET` or `[!] -d NET`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -620,7 +587,7 @@ impl Rule {
             match arg {
                 Arg::Source(m) => push_address(&mut out, "-s", m, false),
                 Arg::Destination(m) => push_address(&mut out, "-d", m, false),
-                Arg::Protocol(p) => push(&mut out, &["-p", p.name()]),
+                Arg::Protocol(p) => push(&mut out, &["-p", p.as_str()]),
                 Arg::Match(m) => push_match(&mut out, m, Spelling::Restore),
                 Arg::DestinationPort(test) => push_port(&mut out, test),
                 Arg::Other(tokens) => tokens.iter().for_each(|t| push(&mut out, &[t])),
@@ -640,7 +607,7 @@ impl Rule {
             match arg {
                 Arg::Source(m) => push_address(&mut out, "-s", m, true),
                 Arg::Destination(m) => push_address(&mut out, "-d", m, true),
-                Arg::Protocol(p) => push(&mut out, &["-p", p.name()]),
+                Arg::Protocol(p) => push(&mut out, &["-p", p.as_str()]),
                 Arg::Match(m) => push_match(&mut out, m, Spelling::Save(family)),
                 Arg::DestinationPort(test) => push_port(&mut out, test),
                 Arg::Other(tokens) => tokens.iter().for_each(|t| push(&mut out, &[t])),
@@ -727,7 +694,7 @@ fn push_match(out: &mut String, m: &Match, spelling: Spelling) {
             push(out, &["-m", "comment", "--comment", &quoted]);
         }
         Match::Port { protocol, destination_port } => {
-            push(out, &["-m", protocol.name()]);
+            push(out, &["-m", protocol.as_str()]);
             if let Some(test) = destination_port {
                 push_port(out, test);
             }

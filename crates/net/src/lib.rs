@@ -37,6 +37,12 @@ impl Protocol {
         }
     }
 
+    /// Parses the lower-case name or the protocol number, as iptables and nft print them
+    /// (`tcp` or `6`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Protocol::ALL.into_iter().find(|p| name == p.as_str() || name.parse() == Ok(p.number()))
+    }
+
     /// The Kubernetes spelling (`TCP`, `UDP`, `SCTP`).
     pub fn kubernetes_name(self) -> &'static str {
         match self {
@@ -90,11 +96,33 @@ impl IpFamily {
             IpFamily::V6 => "ipv6",
         }
     }
+
+    /// `IPv4` / `IPv6`: the Kubernetes spelling (`spec.ipFamilies`, `addressType`).
+    pub fn kubernetes_name(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        }
+    }
+
+    /// Parses the Kubernetes spelling; anything else is `None`.
+    pub fn from_kubernetes(value: &str) -> Option<Self> {
+        IpFamily::BOTH.into_iter().find(|family| family.kubernetes_name() == value)
+    }
+
+    /// The other family.
+    pub fn other(self) -> Self {
+        match self {
+            IpFamily::V4 => IpFamily::V6,
+            IpFamily::V6 => IpFamily::V4,
+        }
+    }
 }
 
 impl fmt::Display for IpFamily {
+    /// The Kubernetes spelling, `IPv4` / `IPv6`, as people read it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(self.kubernetes_name())
     }
 }
 
@@ -108,6 +136,22 @@ mod tests {
             assert_eq!(Protocol::from_kubernetes(protocol.kubernetes_name()), Some(protocol));
         }
         assert_eq!(Protocol::from_kubernetes("tcp"), None);
+    }
+
+    #[test]
+    fn protocols_read_their_tool_name_or_number() {
+        assert_eq!(Protocol::from_name("sctp"), Some(Protocol::Sctp));
+        assert_eq!(Protocol::from_name("17"), Some(Protocol::Udp));
+        assert_eq!(Protocol::from_name("icmp"), None);
+    }
+
+    #[test]
+    fn families_read_and_write_the_kubernetes_spelling() {
+        for family in IpFamily::BOTH {
+            assert_eq!(IpFamily::from_kubernetes(family.kubernetes_name()), Some(family));
+            assert_eq!(family.other().other(), family);
+        }
+        assert_eq!(IpFamily::from_kubernetes("ipv4"), None);
     }
 
     #[test]
