@@ -57,6 +57,7 @@ use crate::error::{ConfigError, ControllerError, Reason, RecordError};
 use crate::ip_family::IpFamily;
 use crate::object_key::ObjectKey;
 use crate::stable_hash::stable_hash;
+use svcplane_net::Protocol;
 
 /// The `version` written into and expected from an [`AllocationRecord`].
 pub const RECORD_VERSION: u32 = 1;
@@ -543,7 +544,7 @@ impl Allocator {
                 demand.reject(format!("spec.ports[{index}].name"), Reason::DuplicatePortName { name });
                 continue;
             }
-            let protocol = match Protocol::from_kubernetes(port.protocol.as_deref()) {
+            let protocol = match protocol_of(port.protocol.as_deref()) {
                 Ok(protocol) => protocol,
                 Err(value) => {
                     let reason = Reason::Unsupported { value, expected: "TCP, UDP or SCTP" };
@@ -794,31 +795,12 @@ enum Policy {
     RequireDual,
 }
 
-/// Node ports conflict per protocol: 30080/TCP and 30080/UDP are different units.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Protocol {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-impl Protocol {
-    /// `None` is TCP, the Kubernetes default; an unknown value is returned as the error.
-    fn from_kubernetes(value: Option<&str>) -> Result<Self, String> {
-        match value {
-            None | Some("" | "TCP") => Ok(Protocol::Tcp),
-            Some("UDP") => Ok(Protocol::Udp),
-            Some("SCTP") => Ok(Protocol::Sctp),
-            Some(other) => Err(other.to_owned()),
-        }
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "TCP",
-            Protocol::Udp => "UDP",
-            Protocol::Sctp => "SCTP",
-        }
+/// Node ports conflict per protocol (30080/TCP and 30080/UDP are different units).
+/// `None` is TCP, the Kubernetes default; an unknown value is returned as the error.
+fn protocol_of(value: Option<&str>) -> Result<Protocol, String> {
+    match value {
+        None | Some("") => Ok(Protocol::Tcp),
+        Some(name) => Protocol::from_kubernetes(name).ok_or_else(|| name.to_owned()),
     }
 }
 

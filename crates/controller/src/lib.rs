@@ -18,13 +18,13 @@
 //!
 //! What it deliberately does not do:
 //!
-//! - No I/O and no async. Reading manifests is `svcplane-source`'s job, and saving the
-//!   [`AllocationRecord`] is the binary's: this crate only (de)serialises it.
-//! - No writes to a Kubernetes API. The controller for a real API server comes later; it will
-//!   reuse [`plan_slices`] and diff the result against the slices it finds, which is also why
-//!   slice names are deterministic here.
-//! - No topology hints, no placeholder slices for Services without endpoints, no mirroring of
-//!   the legacy Endpoints API, nothing about nftables or any other backend.
+//! - No I/O and no async. Reading manifests and saving the [`AllocationRecord`] is the
+//!   manifests feed's job (`svcplane-source`): this crate only (de)serialises it.
+//! - No writes to a Kubernetes API: the controller against a real API server lives in
+//!   `svcplane-kube`, which reuses [`plan_slices`] and diffs the result against the slices it
+//!   finds (which is also why slice names are deterministic here).
+//! - No placeholder slices for Services without endpoints, no mirroring of the legacy
+//!   Endpoints API, nothing about nftables or any other mode.
 
 pub mod allocation;
 mod error;
