@@ -767,7 +767,11 @@ fn claim_explicit(demands: &mut [Demand<'_>], d: usize, claims: &mut Claims) {
         match claims.ports.get(&(port, protocol)) {
             Some(&holder) => failures.push((
                 want.field.clone(),
-                Reason::NodePortTaken { port, protocol: protocol.as_str(), holder: demands[holder].key.clone() },
+                Reason::NodePortTaken {
+                    port,
+                    protocol: protocol.kubernetes_name(),
+                    holder: demands[holder].key.clone(),
+                },
             )),
             None => {
                 claims.claim_port(port, protocol, d);
