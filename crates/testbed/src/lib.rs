@@ -21,6 +21,7 @@ pub mod address_plan;
 mod command;
 pub mod echo;
 mod lab;
+pub mod load;
 pub mod namespace;
 mod prefix;
 pub mod probe;
@@ -29,6 +30,7 @@ pub use echo::{EchoError, EchoServer, serve_echo, wildcard_addrs};
 pub use lab::{
     Client, DEFAULT_COMMAND_TIMEOUT, ECHO_START_TIMEOUT, Lab, LabBuilder, LabError, Node, OUTSIDE_INTERFACE, Pod,
 };
+pub use load::{Load, LoadReport, LoadSpec};
 pub use namespace::{NamespaceError, run_in_namespace};
 pub use probe::{
     EchoReply, ProbeError, ProbeErrorKind, Protocol, tcp_request, tcp_request_in, udp_request, udp_request_in,

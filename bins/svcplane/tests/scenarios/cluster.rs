@@ -77,6 +77,13 @@ impl Proxy {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Asks the proxy to stop (SIGTERM) and waits until it has exited.
+    fn terminate(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("a pid fits i32"));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
 }
 
 /// Builds a [`Cluster`].
@@ -272,6 +279,20 @@ impl Cluster {
     /// Stops the proxy of `node` (its rules stay, as after a real stop).
     pub fn stop_proxy(&mut self, node: u16) {
         self.proxy(node).stop();
+    }
+
+    /// Kills the proxy of `node` with SIGKILL (`graceful`: SIGTERM, waiting for its exit)
+    /// and starts a new one with the same arguments; its log starts again.
+    pub fn restart_proxy(&mut self, node: u16, graceful: bool) {
+        let proxy = self.proxy(node);
+        if graceful {
+            proxy.terminate();
+        } else {
+            proxy.stop();
+        }
+        let fresh = self.spawn_proxy(node);
+        let slot = self.proxies.iter_mut().find(|proxy| proxy.node == node).expect("a proxy runs on every node");
+        *slot = fresh;
     }
 
     /// Writes a manifest atomically (a hidden temporary file renamed into place), so the

@@ -1,0 +1,227 @@
+//! Faults under bounded load, in the two-node lab with the real kernel: clients connect
+//! continuously through a ClusterIP (from a pod), a NodePort and a load-balancer IP (from
+//! outside), over TCP and UDP, while the proxy of the node they go through is killed and
+//! restarted. Every request must succeed: the rules stay in the kernel while no proxy
+//! runs, and a new proxy replaces them atomically.
+//!
+//! Each load is bounded in requests and in time and goes only to lab addresses.
+
+mod scenarios;
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use scenarios::cluster::{Backend, Cluster, ECHO_SERVICE, POD_ON_OTHER_NODE, POD_ON_THIS_NODE, THIS_NODE};
+use scenarios::manifests::{EndpointSpec, LB_SERVICE, SERVICE_PORT, SliceSpec, TERMINATING_SERVICE};
+use scenarios::{Family, Protocol, eventually};
+use svcplane_testbed::probe::Protocol as ProbeProtocol;
+use svcplane_testbed::{Load, LoadReport, LoadSpec};
+
+const NFTABLES: Backend = Backend {
+    name: "nftables",
+    proxy_args: &["--mode", "nftables"],
+    diagnostics: &[&["nft", "list", "ruleset"]],
+    ruleset: &["nft", "list", "ruleset"],
+};
+
+const IPTABLES_LEGACY: Backend = Backend {
+    name: "iptables-legacy",
+    proxy_args: &["--mode", "iptables", "--iptables-backend", "legacy"],
+    diagnostics: &[&["iptables-legacy-save"]],
+    ruleset: &["iptables-legacy-save"],
+};
+
+/// One load per frontend and protocol, from where that frontend is used.
+fn start_loads(cluster: &Cluster) -> Vec<(String, Load)> {
+    let lab = cluster.lab();
+    let echo = cluster.service(ECHO_SERVICE).expect("the echo Service");
+    let lb = cluster.service(LB_SERVICE).expect("the load-balancer Service");
+    let pod = lab.pod(POD_ON_THIS_NODE).namespace_name().to_owned();
+    let client = lab.client(1).namespace_name().to_owned();
+    let node_ip = IpAddr::V4(lab.node(THIS_NODE).ip_v4());
+    let lb_ip = lb.load_balancer_ips(Family::V4, false)[0];
+    let mut targets: Vec<(String, String, SocketAddr, ProbeProtocol)> = Vec::new();
+    for (protocol, probe) in [(Protocol::Tcp, ProbeProtocol::Tcp), (Protocol::Udp, ProbeProtocol::Udp)] {
+        let cluster_ip = echo.cluster_ip_address(false).expect("an IPv4 ClusterIP");
+        targets.push((format!("pod -> ClusterIP {cluster_ip}/{protocol}"), pod.clone(), cluster_ip, probe));
+        let node_port = SocketAddr::new(node_ip, echo.node_port(protocol).expect("a node port"));
+        targets.push((format!("outside -> NodePort {node_port}/{protocol}"), client.clone(), node_port, probe));
+        let lb_address = SocketAddr::new(lb_ip, SERVICE_PORT);
+        targets.push((format!("outside -> LB IP {lb_address}/{protocol}"), client.clone(), lb_address, probe));
+    }
+    targets
+        .into_iter()
+        .map(|(label, namespace, target, protocol)| {
+            let spec = LoadSpec {
+                protocol,
+                target,
+                pause: Duration::from_millis(5),
+                timeout: Duration::from_secs(2),
+                max_requests: 5_000,
+                max_duration: Duration::from_secs(40),
+            };
+            (label, Load::start(&namespace, spec))
+        })
+        .collect()
+}
+
+fn finish(loads: Vec<(String, Load)>) -> Vec<(String, LoadReport)> {
+    loads.into_iter().map(|(label, load)| (label, load.finish())).collect()
+}
+
+fn assert_nothing_failed(cluster: &Cluster, fault: &str, reports: &[(String, LoadReport)]) {
+    let mut failed = Vec::new();
+    for (label, report) in reports {
+        eprintln!("{fault}: {label}: {} sent, {} failed", report.sent, report.failed);
+        assert!(report.sent > 20, "{label}: the load ran ({} requests)", report.sent);
+        if report.failed > 0 {
+            failed.push(format!("{label}: {} of {} failed: {:?}", report.failed, report.sent, report.first_failures));
+        }
+    }
+    assert!(failed.is_empty(), "{fault}:\n{}\n{}", failed.join("\n"), cluster.diagnostics());
+}
+
+/// Waits until the (new) proxy of node1 has synced once.
+fn wait_for_sync(cluster: &Cluster) {
+    let synced = eventually(Duration::from_secs(10), || cluster.proxy_log(THIS_NODE).contains("synced").then_some(()));
+    assert!(synced.is_some(), "the restarted proxy synced\n{}", cluster.diagnostics());
+}
+
+fn proxy_restarts_lose_no_request(backend: Backend) {
+    let mut cluster = Cluster::start(backend);
+    let loads = start_loads(&cluster);
+    std::thread::sleep(Duration::from_secs(1));
+    cluster.restart_proxy(THIS_NODE, false);
+    wait_for_sync(&cluster);
+    std::thread::sleep(Duration::from_secs(1));
+    cluster.restart_proxy(THIS_NODE, true);
+    wait_for_sync(&cluster);
+    std::thread::sleep(Duration::from_secs(1));
+    let reports = finish(loads);
+    assert_nothing_failed(&cluster, "SIGKILL then SIGTERM restarts of node1's proxy", &reports);
+    assert!(cluster.proxy(THIS_NODE).exit_status().is_none(), "the last proxy still runs");
+    cluster.teardown();
+}
+
+#[test]
+fn the_nftables_proxy_killed_and_restarted_under_load_loses_no_request() {
+    proxy_restarts_lose_no_request(NFTABLES);
+}
+
+#[test]
+fn the_iptables_proxy_killed_and_restarted_under_load_loses_no_request() {
+    proxy_restarts_lose_no_request(IPTABLES_LEGACY);
+}
+
+/// Every endpoint of a Service replaced one at a time, each leaving gracefully (serving
+/// while terminating, then gone), node1-pod1 and node2-pod1 giving way to node1-pod2 and
+/// node2-pod2.
+const ROLLING_REPLACEMENT: [&[EndpointSpec]; 5] = [
+    &[EndpointSpec::ready("node1-pod1"), EndpointSpec::ready("node2-pod1")],
+    &[
+        EndpointSpec::serving_terminating("node1-pod1"),
+        EndpointSpec::ready("node1-pod2"),
+        EndpointSpec::ready("node2-pod1"),
+    ],
+    &[EndpointSpec::ready("node1-pod2"), EndpointSpec::ready("node2-pod1")],
+    &[
+        EndpointSpec::ready("node1-pod2"),
+        EndpointSpec::serving_terminating("node2-pod1"),
+        EndpointSpec::ready("node2-pod2"),
+    ],
+    &[EndpointSpec::ready("node1-pod2"), EndpointSpec::ready("node2-pod2")],
+];
+
+/// Endpoint sets a Service moves through, one per second, forever changing who serves.
+const ROTATION: [&[EndpointSpec]; 4] = [
+    &[EndpointSpec::ready("node1-pod1"), EndpointSpec::ready("node2-pod1")],
+    &[EndpointSpec::ready("node2-pod1"), EndpointSpec::ready("node1-pod2")],
+    &[EndpointSpec::ready("node1-pod2"), EndpointSpec::ready("node2-pod2")],
+    &[EndpointSpec::ready("node2-pod2"), EndpointSpec::ready("node1-pod1")],
+];
+
+/// Loads through the ClusterIP of the churned Service from a pod on each node, TCP and UDP.
+fn churn_loads(cluster: &Cluster, connects_per_load: u64, max_duration: Duration) -> Vec<(String, Load)> {
+    let lab = cluster.lab();
+    let target = cluster.service(TERMINATING_SERVICE).unwrap().cluster_ip_address(false).unwrap();
+    let mut loads = Vec::new();
+    for pod in [POD_ON_THIS_NODE, POD_ON_OTHER_NODE] {
+        for protocol in [ProbeProtocol::Tcp, ProbeProtocol::Udp] {
+            let spec = LoadSpec {
+                protocol,
+                target,
+                pause: Duration::ZERO,
+                timeout: Duration::from_secs(2),
+                max_requests: connects_per_load,
+                max_duration,
+            };
+            loads.push((
+                format!("{pod} -> ClusterIP {target}/{protocol}"),
+                Load::start(lab.pod(pod).namespace_name(), spec),
+            ));
+        }
+    }
+    loads
+}
+
+/// Rewrites the churned Service's slices through `sets` every `period` until every load
+/// has finished (or `max_duration`), then reports.
+fn churn(
+    cluster: &Cluster,
+    sets: &[&'static [EndpointSpec]],
+    repeat: bool,
+    loads: Vec<(String, Load)>,
+) -> Vec<(String, LoadReport)> {
+    let write = |endpoints: &'static [EndpointSpec]| {
+        let slice = SliceSpec { service: TERMINATING_SERVICE, endpoints };
+        cluster.write_file(&slice.file(), &slice.manifest());
+    };
+    write(sets[0]);
+    std::thread::sleep(Duration::from_secs(1));
+    let mut step = 1;
+    while step < sets.len() || (repeat && !loads.iter().all(|(_, load)| load.is_finished())) {
+        write(sets[step % sets.len()]);
+        step += 1;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    finish(loads)
+}
+
+fn a_rolling_replacement_loses_no_request(backend: Backend) {
+    let cluster = Cluster::start(backend);
+    let loads = churn_loads(&cluster, 100_000, Duration::from_secs(60));
+    let reports = churn(&cluster, &ROLLING_REPLACEMENT, false, loads);
+    assert_nothing_failed(&cluster, "a rolling replacement of every endpoint", &reports);
+    cluster.teardown();
+}
+
+fn endpoints_changing_every_second_lose_none_of_100k_connects(backend: Backend) {
+    let cluster = Cluster::start(backend);
+    // 4 loads of 25k requests: 50k TCP connects and 50k UDP exchanges, bounded at 3 minutes.
+    let loads = churn_loads(&cluster, 25_000, Duration::from_secs(180));
+    let reports = churn(&cluster, &ROTATION, true, loads);
+    assert_nothing_failed(&cluster, "endpoints changing every second", &reports);
+    let sent: u64 = reports.iter().map(|(_, report)| report.sent).sum();
+    assert_eq!(sent, 100_000, "every load sent its share within the time bound");
+    cluster.teardown();
+}
+
+#[test]
+fn a_rolling_replacement_of_every_endpoint_loses_no_request_in_nftables_mode() {
+    a_rolling_replacement_loses_no_request(NFTABLES);
+}
+
+#[test]
+fn a_rolling_replacement_of_every_endpoint_loses_no_request_in_iptables_mode() {
+    a_rolling_replacement_loses_no_request(IPTABLES_LEGACY);
+}
+
+#[test]
+fn endpoints_changing_every_second_lose_none_of_100k_requests_in_nftables_mode() {
+    endpoints_changing_every_second_lose_none_of_100k_connects(NFTABLES);
+}
+
+#[test]
+fn endpoints_changing_every_second_lose_none_of_100k_requests_in_iptables_mode() {
+    endpoints_changing_every_second_lose_none_of_100k_connects(IPTABLES_LEGACY);
+}
