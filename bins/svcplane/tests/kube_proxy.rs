@@ -170,3 +170,52 @@ fn the_proxy_survives_an_api_server_restart_and_catches_up_with_changes_made_rig
     expect_answers(&kube, &log, "a Service created after the restart", fresh, &["node1-pod2"]);
     kube.plane.check_running("svcplane-proxy-node1").expect("the proxy still runs");
 }
+
+#[test]
+fn with_etcd_and_the_api_server_down_for_30_seconds_no_request_fails_and_changes_after_are_applied() {
+    let Some(binaries) = binaries_for_test("kube_proxy") else { return };
+    let mut kube = KubeLab::start(&binaries, lab_with_two_echo_pods());
+    let echo = create_service_with_slice(&kube, "echo", &["node1-pod1"], &[]);
+    let (_, log) = kube.start_svcplane_proxy(1, &[]);
+    expect_answers(&kube, &log, "the initial state", echo, &["node1-pod1"]);
+
+    let client = kube.lab.pod(CLIENT_POD).namespace_name().to_owned();
+    let load = |protocol| {
+        let spec = svcplane_testbed::LoadSpec {
+            protocol,
+            target: SocketAddr::new(echo, 80),
+            pause: Duration::from_millis(10),
+            timeout: Duration::from_secs(2),
+            max_requests: 20_000,
+            max_duration: Duration::from_secs(90),
+        };
+        svcplane_testbed::Load::start(&client, spec)
+    };
+    let loads = [load(svcplane_testbed::probe::Protocol::Tcp), load(svcplane_testbed::probe::Protocol::Udp)];
+    kube.plane.kill_etcd_and_apiserver();
+    std::thread::sleep(Duration::from_secs(30));
+    kube.plane.start_etcd_and_apiserver_again().expect("etcd and the API server start again");
+    for load in loads {
+        let report = load.finish();
+        eprintln!("while the control plane was down: {} sent, {} failed", report.sent, report.failed);
+        assert!(report.sent > 100, "the load ran");
+        assert_eq!(report.failed, 0, "{:?}\nproxy log:\n{}", report.first_failures, log_tail(&log));
+        assert_eq!(report.answered_by.keys().collect::<Vec<_>>(), ["node1-pod1"], "nothing was removed meanwhile");
+    }
+
+    // A change made once the API answers again reaches the kernel.
+    kube.client
+        .merge_patch::<EndpointSlice>(
+            "default",
+            "echo-1",
+            serde_json::json!({ "endpoints": [{
+                "addresses": [pod_v4(&kube, "node1-pod2").to_string()],
+                "conditions": { "ready": true },
+                "nodeName": "node1",
+            }] }),
+            false,
+        )
+        .expect("moving the endpoint");
+    expect_answers(&kube, &log, "a slice changed after the outage", echo, &["node1-pod2"]);
+    kube.plane.check_running("svcplane-proxy-node1").expect("the proxy still runs");
+}

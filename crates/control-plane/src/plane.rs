@@ -116,6 +116,7 @@ pub struct ControlPlane {
     apiserver: Option<Upstream>,
     etcd: Option<Upstream>,
     apiserver_starts: u32,
+    etcd_starts: u32,
     /// Last: removed after every process is gone.
     dir: tempfile::TempDir,
 }
@@ -156,6 +157,7 @@ impl ControlPlane {
             apiserver: None,
             etcd: None,
             apiserver_starts: 0,
+            etcd_starts: 0,
             dir,
         };
         plane.start_etcd()?;
@@ -211,7 +213,9 @@ impl ControlPlane {
             "--log-level=warn".to_owned(),
         ];
         let namespace = self.config.namespace.clone();
-        let mut process = self.spawn_process("etcd", &namespace, &etcd, &args)?;
+        self.etcd_starts += 1;
+        let what = if self.etcd_starts == 1 { "etcd".to_owned() } else { format!("etcd-{}", self.etcd_starts) };
+        let mut process = self.spawn_process(&what, &namespace, &etcd, &args)?;
         let url = format!("{client}/readyz");
         self.wait_until(&mut process, |plane| plane.curl_ok(&namespace, &[&url]))?;
         self.etcd = Some(process);
@@ -277,6 +281,22 @@ impl ControlPlane {
         if let Some(mut apiserver) = self.apiserver.take() {
             apiserver.stop();
         }
+    }
+
+    /// Kills the API server and etcd (SIGKILL: the whole control plane crashes) and leaves
+    /// them down until [`Self::start_etcd_and_apiserver_again`]. etcd's data stays.
+    pub fn kill_etcd_and_apiserver(&mut self) {
+        self.kill_apiserver();
+        if let Some(mut etcd) = self.etcd.take() {
+            etcd.stop();
+        }
+    }
+
+    /// Starts etcd (same data) and the API server again and waits until both are ready.
+    pub fn start_etcd_and_apiserver_again(&mut self) -> Result<(), ControlPlaneError> {
+        self.kill_etcd_and_apiserver();
+        self.start_etcd()?;
+        self.start_apiserver()
     }
 
     /// Starts the API server again (same flags, same etcd) and waits until it is ready.
