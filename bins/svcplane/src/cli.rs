@@ -1,7 +1,7 @@
 //! The command line: names and meanings are a contract with operators' scripts
 //! (see the project's CLI design); add flags freely, rename none.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -28,7 +28,7 @@ pub enum Command {
     /// SIGINT; with `--manifests`, print the slices and allocations it derives.
     Controller(ControllerArgs),
     /// Serve the cluster zone (Kubernetes DNS specification 1.1.0) over UDP and TCP.
-    Dns(crate::dns::DnsArgs),
+    Dns(DnsArgs),
     /// Remove everything svcplane programmed on this node.
     Cleanup,
     /// A sandbox of network namespaces showing real traffic through Services (needs root).
@@ -164,4 +164,68 @@ pub struct EchoArgs {
     /// TCP and UDP port to listen on (all addresses, both families).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PodsMode {
+    /// `<a-b-c-d>.<ns>.pod.<zone>` answers the address written in the name (CoreDNS's
+    /// `pods insecure`, the kubeadm default).
+    Insecure,
+    /// `*.pod.<zone>` answers NXDOMAIN.
+    Disabled,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DnsArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Where to answer, over UDP and TCP. Port 0 picks a free port; the address is printed
+    /// on standard output as `listening on ADDR:PORT`.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:53")]
+    pub listen: SocketAddr,
+    /// The cluster domain.
+    #[arg(long, value_name = "DOMAIN", default_value = "cluster.local", value_parser = parse_zone)]
+    pub zone: String,
+    /// TTL of every answer (but `dns-version`) and of negative answers (the SOA minimum).
+    #[arg(long, value_name = "SECONDS", default_value_t = svcplane_dns::DEFAULT_TTL,
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(svcplane_dns::MAX_TTL)))]
+    pub ttl: u32,
+    /// A resolver for names outside the zone (repeatable, tried in order; port 53 when
+    /// omitted). Without any, such names are refused.
+    #[arg(long = "upstream", value_name = "ADDR:PORT", value_parser = parse_upstream)]
+    pub upstreams: Vec<SocketAddr>,
+    /// Records for `<dashed-ip>.<ns>.pod.<zone>`.
+    #[arg(long, value_enum, default_value = "insecure")]
+    pub pods: PodsMode,
+    /// How long one upstream gets to answer, in milliseconds.
+    #[arg(long, value_name = "MILLISECONDS", default_value_t = 2000, hide = true)]
+    pub forward_timeout_ms: u64,
+}
+
+fn parse_zone(text: &str) -> Result<String, String> {
+    svcplane_dns::ZoneConfig::new(text).map(|_| text.to_owned()).map_err(|error| error.to_string())
+}
+
+fn parse_upstream(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(address) = text.parse::<SocketAddr>() {
+        return Ok(address);
+    }
+    let bare = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')).unwrap_or(text);
+    bare.parse::<IpAddr>()
+        .map(|ip| SocketAddr::new(ip, 53))
+        .map_err(|_| format!("{text:?} is not an IP address with an optional port"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstreams_take_an_address_with_or_without_a_port() {
+        assert_eq!(parse_upstream("127.0.0.1:5353"), Ok("127.0.0.1:5353".parse().unwrap()));
+        assert_eq!(parse_upstream("127.0.0.1"), Ok("127.0.0.1:53".parse().unwrap()));
+        assert_eq!(parse_upstream("[::1]:5353"), Ok("[::1]:5353".parse().unwrap()));
+        assert_eq!(parse_upstream("::1"), Ok("[::1]:53".parse().unwrap()));
+        assert!(parse_upstream("dns.example").is_err());
+    }
 }
