@@ -75,6 +75,22 @@ fn create_service_with_slice(kube: &KubeLab, name: &str, pods: &[&str], labels: 
     cluster_ip_v4(&service)
 }
 
+/// Makes `pod` the only endpoint of the `echo` Service (its slice `echo-1`).
+fn move_echo_endpoint_to(kube: &KubeLab, pod: &str) {
+    kube.client
+        .merge_patch::<EndpointSlice>(
+            "default",
+            "echo-1",
+            serde_json::json!({ "endpoints": [{
+                "addresses": [pod_v4(kube, pod).to_string()],
+                "conditions": { "ready": true },
+                "nodeName": "node1",
+            }] }),
+            false,
+        )
+        .expect("moving the endpoint");
+}
+
 fn nft_ruleset(kube: &KubeLab) -> String {
     kube.lab.exec_ok(kube.lab.node(1).namespace_name(), &["nft", "list", "ruleset"]).expect("nft list ruleset")
 }
@@ -149,18 +165,7 @@ fn the_proxy_survives_an_api_server_restart_and_catches_up_with_changes_made_rig
     kube.plane.start_apiserver_again().expect("the API server starts again");
 
     // Changes made at once, while the proxy's watches are still reconnecting.
-    kube.client
-        .merge_patch::<EndpointSlice>(
-            "default",
-            "echo-1",
-            serde_json::json!({ "endpoints": [{
-                "addresses": [pod_v4(&kube, "node1-pod2").to_string()],
-                "conditions": { "ready": true },
-                "nodeName": "node1",
-            }] }),
-            false,
-        )
-        .expect("moving the endpoint");
+    move_echo_endpoint_to(&kube, "node1-pod2");
     kube.client.delete::<Service>("default", "doomed", None).unwrap();
     kube.client.delete::<EndpointSlice>("default", "doomed-1", None).unwrap();
     let fresh = create_service_with_slice(&kube, "fresh", &["node1-pod2"], &[]);
@@ -204,18 +209,7 @@ fn with_etcd_and_the_api_server_down_for_30_seconds_no_request_fails_and_changes
     }
 
     // A change made once the API answers again reaches the kernel.
-    kube.client
-        .merge_patch::<EndpointSlice>(
-            "default",
-            "echo-1",
-            serde_json::json!({ "endpoints": [{
-                "addresses": [pod_v4(&kube, "node1-pod2").to_string()],
-                "conditions": { "ready": true },
-                "nodeName": "node1",
-            }] }),
-            false,
-        )
-        .expect("moving the endpoint");
+    move_echo_endpoint_to(&kube, "node1-pod2");
     expect_answers(&kube, &log, "a slice changed after the outage", echo, &["node1-pod2"]);
     kube.plane.check_running("svcplane-proxy-node1").expect("the proxy still runs");
 }

@@ -20,6 +20,22 @@ use crate::error::KubeError;
 use crate::mirror::ObjectMirror;
 use crate::source::{Batch, ObjectChange, WatchOptions, spawn_watch};
 
+/// The kinds of objects whose conversion can fail.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Service,
+    Slice,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::Slice => "EndpointSlice",
+        }
+    }
+}
+
 /// Converts watch batches into changes of the model. An object that stops converting (now
 /// invalid, or now labelled for another proxy) is removed from the model, and its problems
 /// are reported once, not on every update.
@@ -40,48 +56,51 @@ impl ApiConversion {
                 ObjectChange::Service(key, object) => {
                     let name = NamespacedName::new(key.namespace, key.name);
                     let converted = object.map(|service| service_to_core(&service));
-                    let label = format!("Service {name}");
-                    match converted {
-                        Some(Ok(Some(service))) => {
-                            self.clear(&label);
-                            self.services.insert(name);
-                            out.push(Change::ServiceUpserted(service));
-                        }
-                        other => {
-                            match other {
-                                Some(Err(errors)) => self.report(label, &errors),
-                                _ => self.clear(&label),
-                            }
-                            if self.services.remove(&name) {
-                                out.push(Change::ServiceDeleted(name));
-                            }
-                        }
-                    }
+                    let change =
+                        self.track(Kind::Service, name, converted, Change::ServiceUpserted, Change::ServiceDeleted);
+                    out.extend(change);
                 }
                 ObjectChange::Slice(key, object) => {
                     let name = NamespacedName::new(key.namespace, key.name);
                     let converted = object.map(|slice| slice_to_core(&slice));
-                    let label = format!("EndpointSlice {name}");
-                    match converted {
-                        Some(Ok(Some(slice))) => {
-                            self.clear(&label);
-                            self.slices.insert(name);
-                            out.push(Change::SliceUpserted(slice));
-                        }
-                        other => {
-                            match other {
-                                Some(Err(errors)) => self.report(label, &errors),
-                                _ => self.clear(&label),
-                            }
-                            if self.slices.remove(&name) {
-                                out.push(Change::SliceDeleted(name));
-                            }
-                        }
-                    }
+                    let change = self.track(Kind::Slice, name, converted, Change::SliceUpserted, Change::SliceDeleted);
+                    out.extend(change);
                 }
             }
         }
         out
+    }
+
+    /// The change one Service or EndpointSlice update makes: converted, it is upserted; no
+    /// longer there, ignored or invalid, it is removed if the model holds it.
+    fn track<T>(
+        &mut self,
+        kind: Kind,
+        name: NamespacedName,
+        converted: Option<Result<Option<T>, Vec<FieldError>>>,
+        upserted: fn(T) -> Change,
+        deleted: fn(NamespacedName) -> Change,
+    ) -> Option<Change> {
+        let label = format!("{} {name}", kind.as_str());
+        let known = match kind {
+            Kind::Service => &mut self.services,
+            Kind::Slice => &mut self.slices,
+        };
+        match converted {
+            Some(Ok(Some(object))) => {
+                known.insert(name);
+                self.clear(&label);
+                Some(upserted(object))
+            }
+            other => {
+                let was_known = known.remove(&name);
+                match other {
+                    Some(Err(errors)) => self.report(label, &errors),
+                    _ => self.clear(&label),
+                }
+                was_known.then(|| deleted(name))
+            }
+        }
     }
 
     fn report(&mut self, object: String, errors: &[FieldError]) {
@@ -174,4 +193,41 @@ pub fn spawn_discovery_feed(
             let _ = watch.join();
         })
         .map_err(|source| KubeError::StartRuntime { source })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Service;
+    use svcplane_controller::ObjectKey;
+
+    use super::*;
+
+    fn service(cluster_ip: &str) -> Box<Service> {
+        Box::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web", "namespace": "shop"},
+                "spec": {"clusterIP": cluster_ip, "clusterIPs": [cluster_ip], "ports": [{"port": 80}]},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn batch(change: ObjectChange) -> Batch {
+        Batch { initial: false, changes: vec![change] }
+    }
+
+    fn key() -> ObjectKey {
+        ObjectKey { namespace: "shop".into(), name: "web".into() }
+    }
+
+    #[test]
+    fn a_service_that_stops_converting_is_removed_from_the_model_and_one_never_known_is_not() {
+        let mut conversion = ApiConversion::default();
+        let changes = conversion.convert(batch(ObjectChange::Service(key(), Some(service("10.96.0.10")))));
+        assert!(matches!(changes.as_slice(), [Change::ServiceUpserted(_)]));
+        let changes = conversion.convert(batch(ObjectChange::Service(key(), Some(service("not-an-ip")))));
+        assert_eq!(changes, [Change::ServiceDeleted(NamespacedName::new("shop", "web"))]);
+        let changes = conversion.convert(batch(ObjectChange::Service(key(), None)));
+        assert!(changes.is_empty(), "already gone from the model");
+    }
 }
