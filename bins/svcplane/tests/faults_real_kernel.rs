@@ -105,11 +105,21 @@ fn proxy_restarts_lose_no_request(backend: Backend) {
 
 #[test]
 fn the_nftables_proxy_killed_and_restarted_under_load_loses_no_request() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "the_nftables_proxy_killed_and_restarted_under_load_loses_no_request",
+    ) {
+        return;
+    }
     proxy_restarts_lose_no_request(NFTABLES);
 }
 
 #[test]
 fn the_iptables_proxy_killed_and_restarted_under_load_loses_no_request() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "the_iptables_proxy_killed_and_restarted_under_load_loses_no_request",
+    ) {
+        return;
+    }
     proxy_restarts_lose_no_request(IPTABLES_LEGACY);
 }
 
@@ -208,20 +218,40 @@ fn endpoints_changing_every_second_lose_none_of_100k_connects(backend: Backend) 
 
 #[test]
 fn a_rolling_replacement_of_every_endpoint_loses_no_request_in_nftables_mode() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_rolling_replacement_of_every_endpoint_loses_no_request_in_nftables_mode",
+    ) {
+        return;
+    }
     a_rolling_replacement_loses_no_request(NFTABLES);
 }
 
 #[test]
 fn a_rolling_replacement_of_every_endpoint_loses_no_request_in_iptables_mode() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_rolling_replacement_of_every_endpoint_loses_no_request_in_iptables_mode",
+    ) {
+        return;
+    }
     a_rolling_replacement_loses_no_request(IPTABLES_LEGACY);
 }
 
 #[test]
 fn endpoints_changing_every_second_lose_none_of_100k_requests_in_nftables_mode() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "endpoints_changing_every_second_lose_none_of_100k_requests_in_nftables_mode",
+    ) {
+        return;
+    }
     endpoints_changing_every_second_lose_none_of_100k_connects(NFTABLES);
 }
 
 #[test]
 fn endpoints_changing_every_second_lose_none_of_100k_requests_in_iptables_mode() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "endpoints_changing_every_second_lose_none_of_100k_requests_in_iptables_mode",
+    ) {
+        return;
+    }
     endpoints_changing_every_second_lose_none_of_100k_connects(IPTABLES_LEGACY);
 }

@@ -250,51 +250,96 @@ macro_rules! variant_tests {
 
             #[test]
             fn pods_the_node_and_an_external_client_reach_a_service_through_its_cluster_ip_and_node_port() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "pods_the_node_and_an_external_client_reach_a_service_through_its_cluster_ip_and_node_port",
+                ) {
+                    return;
+                }
                 check_table($backend, scenarios::REACHABILITY);
             }
 
             #[test]
             fn a_service_without_endpoints_is_refused_at_once_from_a_pod_the_node_and_outside_in_both_families() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "a_service_without_endpoints_is_refused_at_once_from_a_pod_the_node_and_outside_in_both_families",
+                ) {
+                    return;
+                }
                 check_table($backend, scenarios::NO_ENDPOINTS);
             }
 
             #[test]
             fn local_traffic_policies_keep_traffic_on_the_node_or_drop_it() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "local_traffic_policies_keep_traffic_on_the_node_or_drop_it",
+                ) {
+                    return;
+                }
                 check_table($backend, scenarios::TRAFFIC_POLICY);
             }
 
             #[test]
             fn load_balancer_ips_are_served_like_node_ports_within_their_source_ranges_unless_proxied() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "load_balancer_ips_are_served_like_node_ports_within_their_source_ranges_unless_proxied",
+                ) {
+                    return;
+                }
                 check_table($backend, scenarios::LOAD_BALANCER);
             }
 
             #[test]
             fn external_ips_are_served_like_load_balancer_ips() {
+                if !svcplane_testbed::can_run_real_kernel_tests("external_ips_are_served_like_load_balancer_ips") {
+                    return;
+                }
                 check_table($backend, scenarios::EXTERNAL_IPS);
             }
 
             #[test]
             fn health_check_node_ports_answer_with_the_local_endpoint_count() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "health_check_node_ports_answer_with_the_local_endpoint_count",
+                ) {
+                    return;
+                }
                 check_table($backend, scenarios::HEALTH_CHECKS);
             }
 
             #[test]
             fn terminating_endpoints_are_used_only_when_none_is_ready() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "terminating_endpoints_are_used_only_when_none_is_ready",
+                ) {
+                    return;
+                }
                 check_table($backend, scenarios::TERMINATING);
             }
 
             #[test]
             fn topology_keeps_traffic_close_with_upstreams_fallbacks() {
+                if !svcplane_testbed::can_run_real_kernel_tests("topology_keeps_traffic_close_with_upstreams_fallbacks")
+                {
+                    return;
+                }
                 check_table($backend, scenarios::TOPOLOGY);
             }
 
             #[test]
             fn headless_external_name_and_other_proxies_services_are_not_programmed() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "headless_external_name_and_other_proxies_services_are_not_programmed",
+                ) {
+                    return;
+                }
                 check_table($backend, scenarios::IGNORED);
             }
 
             #[test]
             fn sctp_services_work_where_the_kernel_has_sctp() {
+                if !svcplane_testbed::can_run_real_kernel_tests("sctp_services_work_where_the_kernel_has_sctp") {
+                    return;
+                }
                 if let Err(reason) = scenarios::net::sctp_supported() {
                     for row in scenarios::SCTP.iter().flat_map(scenarios::Scenario::each_family) {
                         eprintln!("SKIPPED on this kernel ({reason}): {}", row.label());
@@ -309,26 +354,49 @@ macro_rules! variant_tests {
 
             #[test]
             fn node_ports_answer_on_every_node_address_but_loopback_by_default() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "node_ports_answer_on_every_node_address_but_loopback_by_default",
+                ) {
+                    return;
+                }
                 check_table($backend, scenarios::NODEPORT_ADDRESSES_DEFAULT);
             }
 
             #[test]
             fn node_ports_answer_only_on_the_primary_address_with_nodeport_addresses_primary() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "node_ports_answer_only_on_the_primary_address_with_nodeport_addresses_primary",
+                ) {
+                    return;
+                }
                 check_table_with($backend, NodePortAddresses::Primary, scenarios::NODEPORT_ADDRESSES_PRIMARY);
             }
 
             #[test]
             fn node_ports_answer_only_inside_nodeport_addresses_cidrs() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "node_ports_answer_only_inside_nodeport_addresses_cidrs",
+                ) {
+                    return;
+                }
                 check_table_with($backend, NodePortAddresses::SecondaryOnly, scenarios::NODEPORT_ADDRESSES_CIDRS);
             }
 
             #[test]
             fn client_ip_affinity_sticks_until_the_timeout() {
+                if !svcplane_testbed::can_run_real_kernel_tests("client_ip_affinity_sticks_until_the_timeout") {
+                    return;
+                }
                 check_table($backend, scenarios::AFFINITY);
             }
 
             #[test]
             fn endpoint_changes_remove_stale_udp_flows_and_keep_flows_to_terminating_endpoints() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "endpoint_changes_remove_stale_udp_flows_and_keep_flows_to_terminating_endpoints",
+                ) {
+                    return;
+                }
                 let cluster = Cluster::builder($backend)
                     .line_servers(Protocol::Tcp, CONVERSATION_PORT, &["node1-pod1", "node2-pod2"])
                     .start();
@@ -338,26 +406,51 @@ macro_rules! variant_tests {
 
             #[test]
             fn two_hundred_requests_to_a_four_endpoint_service_reach_every_endpoint_evenly() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "two_hundred_requests_to_a_four_endpoint_service_reach_every_endpoint_evenly",
+                ) {
+                    return;
+                }
                 two_hundred_requests_reach_every_endpoint_evenly($backend);
             }
 
             #[test]
             fn a_pod_that_turns_not_ready_stops_receiving_traffic_within_five_seconds_and_returns_when_ready() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "a_pod_that_turns_not_ready_stops_receiving_traffic_within_five_seconds_and_returns_when_ready",
+                ) {
+                    return;
+                }
                 a_pod_that_turns_not_ready_stops_receiving_traffic_and_returns($backend);
             }
 
             #[test]
             fn the_nodes_tables_read_exactly_as_svcplane_render_prints_them() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "the_nodes_tables_read_exactly_as_svcplane_render_prints_them",
+                ) {
+                    return;
+                }
                 the_node_reads_exactly_as_render_prints($backend);
             }
 
             #[test]
             fn a_flush_of_the_filter_and_nat_tables_behind_svcplanes_back_is_repaired_within_seconds() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "a_flush_of_the_filter_and_nat_tables_behind_svcplanes_back_is_repaired_within_seconds",
+                ) {
+                    return;
+                }
                 a_flush_behind_svcplanes_back_is_repaired($backend);
             }
 
             #[test]
             fn other_softwares_rules_survive_svcplanes_syncs_and_its_cleanup() {
+                if !svcplane_testbed::can_run_real_kernel_tests(
+                    "other_softwares_rules_survive_svcplanes_syncs_and_its_cleanup",
+                ) {
+                    return;
+                }
                 other_rules_survive_svcplane_and_its_cleanup($backend);
             }
         }

@@ -32,51 +32,89 @@ fn check_table(rows: &[scenarios::Scenario]) {
 
 #[test]
 fn pods_the_node_and_an_external_client_reach_a_service_through_its_cluster_ip_and_node_port() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "pods_the_node_and_an_external_client_reach_a_service_through_its_cluster_ip_and_node_port",
+    ) {
+        return;
+    }
     check_table(scenarios::REACHABILITY);
 }
 
 #[test]
 fn a_service_without_endpoints_is_refused_at_once_from_a_pod_the_node_and_outside_in_both_families() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_service_without_endpoints_is_refused_at_once_from_a_pod_the_node_and_outside_in_both_families",
+    ) {
+        return;
+    }
     check_table(scenarios::NO_ENDPOINTS);
 }
 
 #[test]
 fn local_traffic_policies_keep_traffic_on_the_node_or_drop_it() {
+    if !svcplane_testbed::can_run_real_kernel_tests("local_traffic_policies_keep_traffic_on_the_node_or_drop_it") {
+        return;
+    }
     check_table(scenarios::TRAFFIC_POLICY);
 }
 
 #[test]
 fn load_balancer_ips_are_served_like_node_ports_within_their_source_ranges_unless_proxied() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "load_balancer_ips_are_served_like_node_ports_within_their_source_ranges_unless_proxied",
+    ) {
+        return;
+    }
     check_table(scenarios::LOAD_BALANCER);
 }
 
 #[test]
 fn external_ips_are_served_like_load_balancer_ips() {
+    if !svcplane_testbed::can_run_real_kernel_tests("external_ips_are_served_like_load_balancer_ips") {
+        return;
+    }
     check_table(scenarios::EXTERNAL_IPS);
 }
 
 #[test]
 fn health_check_node_ports_answer_with_the_local_endpoint_count() {
+    if !svcplane_testbed::can_run_real_kernel_tests("health_check_node_ports_answer_with_the_local_endpoint_count") {
+        return;
+    }
     check_table(scenarios::HEALTH_CHECKS);
 }
 
 #[test]
 fn terminating_endpoints_are_used_only_when_none_is_ready() {
+    if !svcplane_testbed::can_run_real_kernel_tests("terminating_endpoints_are_used_only_when_none_is_ready") {
+        return;
+    }
     check_table(scenarios::TERMINATING);
 }
 
 #[test]
 fn topology_keeps_traffic_close_with_upstreams_fallbacks() {
+    if !svcplane_testbed::can_run_real_kernel_tests("topology_keeps_traffic_close_with_upstreams_fallbacks") {
+        return;
+    }
     check_table(scenarios::TOPOLOGY);
 }
 
 #[test]
 fn headless_external_name_and_other_proxies_services_are_not_programmed() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "headless_external_name_and_other_proxies_services_are_not_programmed",
+    ) {
+        return;
+    }
     check_table(scenarios::IGNORED);
 }
 
 #[test]
 fn sctp_services_work_where_the_kernel_has_sctp() {
+    if !svcplane_testbed::can_run_real_kernel_tests("sctp_services_work_where_the_kernel_has_sctp") {
+        return;
+    }
     if let Err(reason) = scenarios::net::sctp_supported() {
         for row in scenarios::SCTP.iter().flat_map(scenarios::Scenario::each_family) {
             eprintln!("SKIPPED on this kernel ({reason}): {}", row.label());
@@ -91,11 +129,19 @@ fn sctp_services_work_where_the_kernel_has_sctp() {
 
 #[test]
 fn node_ports_answer_on_every_node_address_but_loopback_by_default() {
+    if !svcplane_testbed::can_run_real_kernel_tests("node_ports_answer_on_every_node_address_but_loopback_by_default") {
+        return;
+    }
     check_table(scenarios::NODEPORT_ADDRESSES_DEFAULT);
 }
 
 #[test]
 fn node_ports_answer_only_on_the_primary_address_with_nodeport_addresses_primary() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "node_ports_answer_only_on_the_primary_address_with_nodeport_addresses_primary",
+    ) {
+        return;
+    }
     let cluster = Cluster::builder(NFTABLES).node_port_addresses(NodePortAddresses::Primary).start();
     check_rows(&cluster, scenarios::NODEPORT_ADDRESSES_PRIMARY);
     cluster.teardown();
@@ -103,6 +149,9 @@ fn node_ports_answer_only_on_the_primary_address_with_nodeport_addresses_primary
 
 #[test]
 fn node_ports_answer_only_inside_nodeport_addresses_cidrs() {
+    if !svcplane_testbed::can_run_real_kernel_tests("node_ports_answer_only_inside_nodeport_addresses_cidrs") {
+        return;
+    }
     let cluster = Cluster::builder(NFTABLES).node_port_addresses(NodePortAddresses::SecondaryOnly).start();
     check_rows(&cluster, scenarios::NODEPORT_ADDRESSES_CIDRS);
     cluster.teardown();
@@ -110,11 +159,19 @@ fn node_ports_answer_only_inside_nodeport_addresses_cidrs() {
 
 #[test]
 fn client_ip_affinity_sticks_until_the_timeout() {
+    if !svcplane_testbed::can_run_real_kernel_tests("client_ip_affinity_sticks_until_the_timeout") {
+        return;
+    }
     check_table(scenarios::AFFINITY);
 }
 
 #[test]
 fn endpoint_changes_remove_stale_udp_flows_and_keep_flows_to_terminating_endpoints() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "endpoint_changes_remove_stale_udp_flows_and_keep_flows_to_terminating_endpoints",
+    ) {
+        return;
+    }
     let cluster = Cluster::builder(NFTABLES)
         .line_servers(Protocol::Tcp, CONVERSATION_PORT, &["node1-pod1", "node2-pod2"])
         .start();
@@ -140,6 +197,11 @@ fn answers_from_pod_on_this_node(cluster: &Cluster, requests: usize) -> BTreeMap
 
 #[test]
 fn two_hundred_requests_to_a_four_endpoint_service_reach_every_endpoint_evenly() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "two_hundred_requests_to_a_four_endpoint_service_reach_every_endpoint_evenly",
+    ) {
+        return;
+    }
     let cluster = Cluster::start(NFTABLES);
     let answers = answers_from_pod_on_this_node(&cluster, 200);
     // Binomial(200, 1/4): 20 and 90 are 4.9 and 6.5 standard deviations from the mean of
@@ -155,6 +217,11 @@ fn two_hundred_requests_to_a_four_endpoint_service_reach_every_endpoint_evenly()
 
 #[test]
 fn a_pod_that_turns_not_ready_stops_receiving_traffic_within_five_seconds_and_returns_when_ready() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_pod_that_turns_not_ready_stops_receiving_traffic_within_five_seconds_and_returns_when_ready",
+    ) {
+        return;
+    }
     const POD: &str = "node1-pod2";
     const WITHIN: Duration = Duration::from_secs(5);
     // A batch without the pod has odds of 0.75^40 (1e-5) while it is still an endpoint.
@@ -186,6 +253,11 @@ fn a_pod_that_turns_not_ready_stops_receiving_traffic_within_five_seconds_and_re
 
 #[test]
 fn a_broken_service_does_not_keep_its_neighbour_in_the_same_file_from_being_programmed() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_broken_service_does_not_keep_its_neighbour_in_the_same_file_from_being_programmed",
+    ) {
+        return;
+    }
     let sibling = ServiceSpec::cluster_ip("sibling", Ipv4Addr::new(198, 19, 0, 61));
     let broken = "apiVersion: v1\nkind: Service\nmetadata:\n  name: broken\n  namespace: default\nspec:\n  \
                   clusterIP: \"198.19.0.60\"\n  selector:\n    app: echo\n  ports:\n    - name: tcp\n      \
@@ -215,6 +287,11 @@ fn a_broken_service_does_not_keep_its_neighbour_in_the_same_file_from_being_prog
 
 #[test]
 fn a_service_added_to_the_manifests_is_programmed_within_two_seconds_without_a_restart() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_service_added_to_the_manifests_is_programmed_within_two_seconds_without_a_restart",
+    ) {
+        return;
+    }
     // The watcher polls every 200 ms; 2 s leaves room for a loaded machine.
     const WITHIN: Duration = Duration::from_secs(2);
     let mut cluster = Cluster::start(NFTABLES);
@@ -238,6 +315,9 @@ fn a_service_added_to_the_manifests_is_programmed_within_two_seconds_without_a_r
 
 #[test]
 fn svcplane_cleanup_removes_the_svcplane_tables_from_the_node() {
+    if !svcplane_testbed::can_run_real_kernel_tests("svcplane_cleanup_removes_the_svcplane_tables_from_the_node") {
+        return;
+    }
     let mut cluster = Cluster::start(NFTABLES);
     // Stopped first, as an operator would: the rules stay behind until cleanup.
     cluster.stop_proxy(THIS_NODE);
@@ -283,6 +363,11 @@ fn a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(damage
 
 #[test]
 fn a_svcplane_table_deleted_behind_its_back_is_put_back_within_five_seconds() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_svcplane_table_deleted_behind_its_back_is_put_back_within_five_seconds",
+    ) {
+        return;
+    }
     a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(&[&[
         "nft", "delete", "table", "ip", "svcplane",
     ]]);
@@ -290,11 +375,17 @@ fn a_svcplane_table_deleted_behind_its_back_is_put_back_within_five_seconds() {
 
 #[test]
 fn a_flushed_ruleset_is_put_back_within_five_seconds() {
+    if !svcplane_testbed::can_run_real_kernel_tests("a_flushed_ruleset_is_put_back_within_five_seconds") {
+        return;
+    }
     a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(&[&["nft", "flush", "ruleset"]]);
 }
 
 #[test]
 fn a_flushed_svcplane_table_is_put_back_within_five_seconds() {
+    if !svcplane_testbed::can_run_real_kernel_tests("a_flushed_svcplane_table_is_put_back_within_five_seconds") {
+        return;
+    }
     a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(&[&[
         "nft", "flush", "table", "ip", "svcplane",
     ]]);

@@ -35,3 +35,17 @@ pub use namespace::{NamespaceError, run_in_namespace};
 pub use probe::{
     EchoReply, ProbeError, ProbeErrorKind, Protocol, tcp_request, tcp_request_in, udp_request, udp_request_in,
 };
+
+/// Whether tests that need the real kernel can run here (they need root: network
+/// namespaces, nftables, iptables). Without root this says why on stderr and returns false,
+/// so the test returns early as skipped; with `SVCPLANE_REQUIRE_ROOT=1` (as `.ci/run` sets
+/// it) a missing root fails the test instead, so CI never passes on skipped tests.
+pub fn can_run_real_kernel_tests(test: &str) -> bool {
+    if nix::unistd::Uid::effective().is_root() {
+        return true;
+    }
+    let required = std::env::var_os("SVCPLANE_REQUIRE_ROOT").is_some_and(|value| value == "1");
+    assert!(!required, "{test}: needs root (network namespaces, nftables, iptables), and SVCPLANE_REQUIRE_ROOT=1");
+    eprintln!("SKIPPED {test}: needs root (network namespaces, nftables, iptables)");
+    false
+}

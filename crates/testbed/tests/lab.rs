@@ -33,6 +33,11 @@ fn has_namespace_with_prefix(prefix: &str) -> bool {
 
 #[test]
 fn a_pod_reaches_a_pod_on_another_node_over_ipv4_and_ipv6_and_is_seen_with_its_own_address() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_pod_reaches_a_pod_on_another_node_over_ipv4_and_ipv6_and_is_seen_with_its_own_address",
+    ) {
+        return;
+    }
     let lab = standard_lab();
     let client = lab.pod("node1-pod1");
     let server = lab.pod("node2-pod2");
@@ -47,6 +52,9 @@ fn a_pod_reaches_a_pod_on_another_node_over_ipv4_and_ipv6_and_is_seen_with_its_o
 
 #[test]
 fn pods_on_the_same_node_reach_each_other_and_themselves() {
+    if !svcplane_testbed::can_run_real_kernel_tests("pods_on_the_same_node_reach_each_other_and_themselves") {
+        return;
+    }
     let lab = standard_lab();
     let a = lab.pod("node1-pod1");
     let b = lab.pod("node1-pod2");
@@ -62,6 +70,11 @@ fn pods_on_the_same_node_reach_each_other_and_themselves() {
 
 #[test]
 fn an_external_client_reaches_a_pod_on_another_node_through_a_route_via_a_node() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "an_external_client_reaches_a_pod_on_another_node_through_a_route_via_a_node",
+    ) {
+        return;
+    }
     let lab = standard_lab();
     lab.route_via(1, POD_V4.into(), 1).unwrap();
     lab.route_via(1, POD_V6.into(), 1).unwrap();
@@ -81,6 +94,10 @@ fn an_external_client_reaches_a_pod_on_another_node_through_a_route_via_a_node()
 
 #[test]
 fn curl_from_an_external_client_gets_the_reply_line_as_the_http_body() {
+    if !svcplane_testbed::can_run_real_kernel_tests("curl_from_an_external_client_gets_the_reply_line_as_the_http_body")
+    {
+        return;
+    }
     let lab = standard_lab();
     lab.route_cluster_ranges_via(1, 2).unwrap();
     let client = lab.client(1);
@@ -96,6 +113,9 @@ fn curl_from_an_external_client_gets_the_reply_line_as_the_http_body() {
 
 #[test]
 fn a_udp_probe_gets_a_reply_that_shows_its_source_port() {
+    if !svcplane_testbed::can_run_real_kernel_tests("a_udp_probe_gets_a_reply_that_shows_its_source_port") {
+        return;
+    }
     let lab = standard_lab();
     let client = lab.pod("node2-pod1");
     let server = lab.pod("node1-pod1");
@@ -112,6 +132,10 @@ fn a_udp_probe_gets_a_reply_that_shows_its_source_port() {
 
 #[test]
 fn a_probe_to_a_port_nobody_listens_on_is_refused_in_under_a_second() {
+    if !svcplane_testbed::can_run_real_kernel_tests("a_probe_to_a_port_nobody_listens_on_is_refused_in_under_a_second")
+    {
+        return;
+    }
     let lab = standard_lab();
     let client = lab.pod("node1-pod1");
     let server = lab.pod("node2-pod1");
@@ -128,6 +152,11 @@ fn a_probe_to_a_port_nobody_listens_on_is_refused_in_under_a_second() {
 
 #[test]
 fn a_probe_whose_packets_are_dropped_times_out_instead_of_being_refused() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_probe_whose_packets_are_dropped_times_out_instead_of_being_refused",
+    ) {
+        return;
+    }
     let lab = standard_lab();
     let server = lab.pod("node2-pod2");
     lab.exec_ok(
@@ -152,6 +181,11 @@ fn a_probe_whose_packets_are_dropped_times_out_instead_of_being_refused() {
 
 #[test]
 fn an_echo_server_bound_inside_a_pod_serves_raw_text_and_http_from_the_test_process() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "an_echo_server_bound_inside_a_pod_serves_raw_text_and_http_from_the_test_process",
+    ) {
+        return;
+    }
     let lab = Lab::builder().nodes(1).pod(1, "inproc").build().unwrap();
     let pod = lab.pod("inproc");
     let server =
@@ -190,6 +224,11 @@ fn an_echo_server_bound_inside_a_pod_serves_raw_text_and_http_from_the_test_proc
 
 #[test]
 fn an_external_client_has_no_default_route_and_no_route_outside_the_plan_can_be_added() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "an_external_client_has_no_default_route_and_no_route_outside_the_plan_can_be_added",
+    ) {
+        return;
+    }
     let lab = Lab::builder().nodes(1).clients(1).build().unwrap();
     let client = lab.client(1);
     for family in ["-4", "-6"] {
@@ -206,6 +245,9 @@ fn an_external_client_has_no_default_route_and_no_route_outside_the_plan_can_be_
 
 #[test]
 fn no_namespace_of_a_dropped_lab_remains() {
+    if !svcplane_testbed::can_run_real_kernel_tests("no_namespace_of_a_dropped_lab_remains") {
+        return;
+    }
     let lab = standard_lab();
     let prefix = lab.prefix().to_owned();
     assert!(has_namespace_with_prefix(&prefix));
@@ -219,6 +261,9 @@ fn no_namespace_of_a_dropped_lab_remains() {
 
 #[test]
 fn a_panicking_test_still_removes_its_lab() {
+    if !svcplane_testbed::can_run_real_kernel_tests("a_panicking_test_still_removes_its_lab") {
+        return;
+    }
     let prefix = std::sync::Mutex::new(String::new());
     let outcome = std::panic::catch_unwind(|| {
         let lab = Lab::builder().nodes(1).pods_per_node(1).build().unwrap();
@@ -233,6 +278,9 @@ fn a_panicking_test_still_removes_its_lab() {
 
 #[test]
 fn two_labs_exist_at_once_without_sharing_anything() {
+    if !svcplane_testbed::can_run_real_kernel_tests("two_labs_exist_at_once_without_sharing_anything") {
+        return;
+    }
     let first = Lab::builder().nodes(1).pods_per_node(1).build().unwrap();
     let second = Lab::builder().nodes(1).pods_per_node(1).build().unwrap();
     assert_ne!(first.prefix(), second.prefix());
@@ -250,6 +298,11 @@ fn two_labs_exist_at_once_without_sharing_anything() {
 
 #[test]
 fn a_lab_layout_outside_the_address_plan_is_refused_before_anything_is_created() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_lab_layout_outside_the_address_plan_is_refused_before_anything_is_created",
+    ) {
+        return;
+    }
     for builder in [
         Lab::builder().nodes(0),
         Lab::builder().nodes(90),
