@@ -46,7 +46,7 @@ fn our_dependencies(manifest: &str) -> BTreeSet<String> {
             continue;
         }
         if in_dependencies && let Some(name) = line.strip_prefix("svcplane-") {
-            let name = name.split(|c: char| c == ' ' || c == '.' || c == '=').next().unwrap_or_default();
+            let name = name.split([' ', '.', '=']).next().unwrap_or_default();
             found.insert(name.to_owned());
         }
     }
