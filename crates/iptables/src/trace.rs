@@ -10,63 +10,11 @@
 //! refuse it, a jump loop) fails the trace instead of passing silently.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
 
 use crate::fake::{FakeIptables, FakeTable};
 use crate::model::{Arg, CtState, Family, Match, Rule, Table, Target};
 
-/// The first packet of a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Packet {
-    pub source: IpAddr,
-    pub destination: IpAddr,
-    /// IP protocol number (6 tcp, 17 udp, 132 sctp).
-    pub protocol: u8,
-    pub source_port: u16,
-    pub destination_port: u16,
-    pub mark: u32,
-}
-
-/// Where the packet enters the host's netfilter path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Origin {
-    /// Arrives on an interface: PREROUTING, then INPUT or FORWARD (and POSTROUTING).
-    Network,
-    /// Sent by a process on this host: OUTPUT, POSTROUTING (and INPUT if local).
-    LocalProcess,
-}
-
-/// What the tracer knows about the host.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Host {
-    /// This host's addresses (`-m addrtype --dst-type LOCAL`); loopback is always local.
-    pub local_addresses: Vec<IpAddr>,
-}
-
-impl Host {
-    fn is_local(&self, address: IpAddr) -> bool {
-        address.is_loopback() || self.local_addresses.contains(&address)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Disposition {
-    DeliveredLocally,
-    Forwarded,
-    Dropped,
-    Rejected,
-}
-
-/// One possible end of a packet's path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Outcome {
-    pub disposition: Disposition,
-    /// The destination after any DNAT.
-    pub destination: IpAddr,
-    pub destination_port: u16,
-    /// Whether POSTROUTING masqueraded the source.
-    pub masqueraded: bool,
-}
+pub use svcplane_net::trace::{Disposition, Host, Origin, Outcome, Packet};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TraceError {

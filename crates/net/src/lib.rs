@@ -1,8 +1,12 @@
-//! The network words every svcplane crate shares: [`IpFamily`] and [`Protocol`].
+//! The network words every svcplane crate shares: [`IpFamily`], [`Protocol`], and in
+//! [`trace`] the one packet / outcome vocabulary every packet tracer (over the nftables and
+//! the iptables fakes) speaks.
 //!
 //! A leaf: it imports nothing, so the decision core, the kernel mechanisms, the DNS server
 //! and the tests can all speak of "IPv6" and "UDP" with one type instead of one each. It
 //! holds no Kubernetes object, no policy and no I/O.
+
+pub mod trace;
 
 use std::fmt;
 use std::net::IpAddr;

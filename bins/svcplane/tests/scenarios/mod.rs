@@ -10,8 +10,9 @@
 //!
 //! - [`real`] sends real packets in a two-node namespace lab ([`cluster::Cluster`]) where
 //!   each node runs the real `svcplane proxy`;
-//! - `nftables_fake_kernel.rs` runs the library pipeline into the in-memory fake kernel and
-//!   walks each row's first packet through it with the tracer.
+//! - [`fake`] runs the library pipeline into a mode's in-memory fake kernel and walks each
+//!   row's first packet through it with the mode's tracer (`nftables_fake_kernel.rs`,
+//!   `iptables_fake_kernel.rs`).
 //!
 //! Roles: "this node" is node1 (whose proxy is under test for external traffic), "the other
 //! node" is node2; each node runs its own proxy, so a pod on node2 is served by node2's.
@@ -20,6 +21,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod cluster;
+pub mod fake;
 pub mod manifests;
 pub mod net;
 pub mod real;

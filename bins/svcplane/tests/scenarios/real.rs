@@ -333,10 +333,15 @@ pub fn mentions_address(text: &str, address: IpAddr) -> bool {
         .any(|found| found == address)
 }
 
-/// Whether the ruleset names the Service (svcplane's chain and set names carry
-/// `<namespace>/<name>/`).
+/// Whether the ruleset names the Service: svcplane's nftables chain and set names carry
+/// `<namespace>/<name>/`, kube-proxy's iptables comments `default/NAME:PORT`, `default/NAME`
+/// (an unnamed port) and `default/NAME cluster IP` and the like.
 pub fn mentions_service(text: &str, service: &str) -> bool {
-    text.contains(&format!("default/{service}/"))
+    let name = format!("default/{service}");
+    text.match_indices(&name).any(|(at, _)| {
+        let next = text[at + name.len()..].chars().next();
+        matches!(next, Some('/' | ':' | ' ' | '"') | None)
+    })
 }
 
 fn ruleset_checks(cluster: &Cluster, probe: &Probe, whole_service: bool) -> Result<(), String> {
