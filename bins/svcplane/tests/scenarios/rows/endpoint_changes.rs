@@ -1,0 +1,66 @@
+use super::super::*;
+
+/// Endpoint changes under way: stale UDP flows removed, open flows to a terminating
+/// endpoint kept.
+pub const ENDPOINT_CHANGES: &[Scenario] = &[
+    row(
+        "a UDP client re-using its source port follows the Service to its new endpoint when the old one goes away",
+        UDP_MOVING_SERVICE,
+        PodOnThisNode,
+        ClusterIp,
+        Both,
+        Udp,
+        Outcome::FollowsEndpointChange { before: &["node1-pod1"], after: &["node2-pod1"] },
+        ClientAddress,
+    ),
+    row(
+        "an external UDP client re-using its source port on a NodePort follows the Service to its new endpoint",
+        UDP_MOVING_SERVICE,
+        ExternalClient,
+        NodePort,
+        Both,
+        Udp,
+        Outcome::FollowsEndpointChange { before: &["node1-pod1"], after: &["node2-pod1"] },
+        NodeAddress,
+    ),
+    row(
+        "a UDP client re-using its source port is answered as soon as the Service gets its first endpoint",
+        UDP_FIRST_ENDPOINT_SERVICE,
+        PodOnThisNode,
+        ClusterIp,
+        Both,
+        Udp,
+        Outcome::FollowsEndpointChange { before: &[], after: &["node1-pod2"] },
+        ClientAddress,
+    ),
+    row(
+        "a UDP client that was sending to an address before its Service existed is answered once the Service appears with an endpoint",
+        UDP_LATE_SERVICE,
+        PodOnThisNode,
+        ClusterIp,
+        Both,
+        Udp,
+        Outcome::FollowsEndpointChange { before: &[], after: &["node1-pod2"] },
+        ClientAddress,
+    ),
+    row(
+        "a UDP flow to an endpoint that starts terminating (still serving) keeps being answered by it while new flows go to the ready one",
+        UDP_TERMINATING_SERVICE,
+        PodOnThisNode,
+        ClusterIp,
+        Both,
+        Udp,
+        Outcome::KeepsFlowAcrossEndpointChange { pod: "node1-pod1", new_flows: &["node2-pod2"] },
+        ClientAddress,
+    ),
+    row(
+        "an established TCP connection to an endpoint that starts terminating keeps working while new connections go to the ready one",
+        TCP_TERMINATING_SERVICE,
+        PodOnThisNode,
+        ClusterIp,
+        Both,
+        Tcp,
+        Outcome::KeepsFlowAcrossEndpointChange { pod: "node1-pod1", new_flows: &["node2-pod2"] },
+        ClientAddress,
+    ),
+];
