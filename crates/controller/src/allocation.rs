@@ -46,13 +46,14 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use serde::{Deserialize, Serialize};
 
+use self::pools::{IpPool, PortPool};
 use crate::error::{ConfigError, ControllerError, Reason, RecordError};
 use crate::ip_family::IpFamily;
 use crate::object_key::ObjectKey;
@@ -959,116 +960,6 @@ impl Claims {
     }
 }
 
-/// Offsets `start..end` of a range, of which the first `static_len` are kept for explicit
-/// values as long as the rest has room.
-#[derive(Debug, Clone, Copy)]
-struct Band {
-    start: u128,
-    end: u128,
-    static_len: u128,
-}
-
-impl Band {
-    fn new(start: u128, end: u128) -> Self {
-        let len = end - start;
-        let static_len = if len < 64 { 0 } else { (len / 16).clamp(16, 256) };
-        Self { start, end, static_len }
-    }
-
-    /// The first free offset probing forward (with wrap-around) from the hash's slot in
-    /// the dynamic part, then likewise in the static part.
-    fn find_free(&self, hash: u64, mut is_free: impl FnMut(u128) -> bool) -> Option<u128> {
-        let split = self.start + self.static_len;
-        for (low, high) in [(split, self.end), (self.start, split)] {
-            let len = high - low;
-            if len == 0 {
-                continue;
-            }
-            let first = u128::from(hash) % len;
-            for step in 0..len {
-                let index = if step < len - first { first + step } else { step - (len - first) };
-                if is_free(low + index) {
-                    return Some(low + index);
-                }
-            }
-        }
-        None
-    }
-}
-
-/// A service CIDR, addressed by offset from its network address.
-#[derive(Debug, Clone)]
-struct IpPool {
-    cidr: IpNet,
-    family: IpFamily,
-    base: u128,
-    /// Offset of the IPv4 broadcast address; `None` for IPv6.
-    broadcast: Option<u128>,
-    /// Offsets 2.. (0 is the network address, 1 is reserved for `kubernetes`).
-    band: Band,
-}
-
-impl IpPool {
-    fn new(cidr: IpNet) -> Result<Self, ConfigError> {
-        if cidr.trunc() != cidr {
-            return Err(ConfigError::HostBitsSet { cidr, network: cidr.trunc() });
-        }
-        let host_bits = u32::from(cidr.max_prefix_len() - cidr.prefix_len());
-        let size = if host_bits >= 128 { u128::MAX } else { 1u128 << host_bits };
-        let (family, base, broadcast) = match cidr.network() {
-            IpAddr::V4(network) => (IpFamily::V4, u128::from(u32::from(network)), Some(size - 1)),
-            IpAddr::V6(network) => (IpFamily::V6, u128::from(network), None),
-        };
-        let end = broadcast.unwrap_or(size);
-        if end <= 2 {
-            return Err(ConfigError::CidrTooSmall { cidr });
-        }
-        Ok(Self { cidr, family, base, broadcast, band: Band::new(2, end) })
-    }
-
-    fn offset(&self, ip: IpAddr) -> u128 {
-        let value = match ip {
-            IpAddr::V4(ip) => u128::from(u32::from(ip)),
-            IpAddr::V6(ip) => u128::from(ip),
-        };
-        value - self.base
-    }
-
-    fn address(&self, offset: u128) -> IpAddr {
-        let value = self.base + offset;
-        match self.family {
-            IpFamily::V4 => IpAddr::V4(Ipv4Addr::from(u32::try_from(value).expect("offset inside an IPv4 CIDR"))),
-            IpFamily::V6 => IpAddr::V6(Ipv6Addr::from(value)),
-        }
-    }
-
-    /// Refuses the network and broadcast address of an `ip` inside the CIDR.
-    fn check_explicit(&self, ip: IpAddr) -> Result<(), Reason> {
-        let offset = self.offset(ip);
-        if offset == 0 {
-            return Err(Reason::UnusableAddress { ip, cidr: self.cidr, what: "network address" });
-        }
-        if Some(offset) == self.broadcast {
-            return Err(Reason::UnusableAddress { ip, cidr: self.cidr, what: "broadcast address" });
-        }
-        Ok(())
-    }
-}
-
-#[derive(Debug, Clone)]
-struct PortPool {
-    band: Band,
-}
-
-impl PortPool {
-    fn new(range: NodePortRange) -> Self {
-        Self { band: Band::new(u128::from(range.first), u128::from(range.last) + 1) }
-    }
-
-    fn port(&self, offset: u128) -> u16 {
-        u16::try_from(offset).expect("offsets of a port band are ports")
-    }
-}
-
+mod pools;
 #[cfg(test)]
 mod tests;
