@@ -44,6 +44,10 @@ pub struct NftablesBackend<N> {
     /// The node-port CIDRs the base objects were written with; a change rewrites all.
     written_node_port_cidrs: Option<BTreeMap<IpFamily, Vec<IpNet>>>,
     needs_full_sync: bool,
+    /// The last in-place full sync failed (a set or chain exists with a definition the
+    /// kernel will not change in place, e.g. after an upgrade): the next one deletes the
+    /// table and writes it anew.
+    replace_table: bool,
     drift_check_interval: Duration,
     last_drift_check: Option<Instant>,
 }
@@ -57,8 +61,15 @@ pub const DEFAULT_DRIFT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// here as a chain with no rules.
 const CANARY_CHAINS: [&str; 2] = ["services", "nat-prerouting"];
 
-/// Every table operation for `plan` from scratch, one transaction per family. The table is
-/// added, deleted and added again first, so whatever was there before is replaced whole.
+/// Every table operation for `plan` from scratch, one transaction per family.
+///
+/// The table is kept, not deleted and re-added: every set and chain is added (a no-op where
+/// it exists), the static maps and every chain are flushed, and the rules and elements are
+/// written again, all in one transaction. The base chains therefore stay registered with
+/// their hooks across a full sync (deleting the table re-registered them, and a new
+/// connection arriving during that commit could miss the DNAT), and the affinity sets keep
+/// the clients they remember. Chains and sets of Services that are gone stay behind empty
+/// and unreferenced until the table is deleted (`svcplane cleanup`).
 pub fn render_full(plan: &NodePlan, families: &[IpFamily]) -> Vec<Transaction> {
     render_full_with_objects(plan, families).into_iter().map(|(transaction, _)| transaction).collect()
 }
@@ -69,8 +80,7 @@ fn render_full_with_objects(plan: &NodePlan, families: &[IpFamily]) -> Vec<(Tran
     families
         .iter()
         .map(|&family| {
-            let mut operations = vec![Operation::AddTable { comment: None }, Operation::DeleteTable];
-            operations.extend(base_operations(family, plan));
+            let mut operations = base_operations(family, plan);
             let mut hairpin: HashSet<IpAddr> = HashSet::new();
             let mut rendered = Vec::new();
             for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
@@ -85,9 +95,38 @@ fn render_full_with_objects(plan: &NodePlan, families: &[IpFamily]) -> Vec<(Tran
                 }
                 rendered.push((key.clone(), objects));
             }
-            (Transaction { table: table_name(family), operations }, rendered)
+            (Transaction { table: table_name(family), operations: replacing_in_place(operations) }, rendered)
         })
         .collect()
+}
+
+/// Orders a from-scratch list of operations so that it also replaces whatever the table
+/// holds: the table, then every set and chain (added if missing), then flushes of the sets
+/// with static content and of every chain, then the rules and elements.
+fn replacing_in_place(operations: Vec<Operation>) -> Vec<Operation> {
+    let mut table = Vec::new();
+    let mut sets = Vec::new();
+    let mut chains = Vec::new();
+    let mut flushes = Vec::new();
+    let mut contents = Vec::new();
+    for operation in operations {
+        match operation {
+            Operation::AddTable { .. } => table.push(operation),
+            Operation::AddSet(ref set) => {
+                // Dynamic sets (affinity) hold what packets put there: kept.
+                if set.dynamic_timeout.is_none() {
+                    flushes.push(Operation::FlushSet(set.name.clone()));
+                }
+                sets.push(operation);
+            }
+            Operation::AddChain(ref chain) => {
+                flushes.push(Operation::FlushChain(chain.name.clone()));
+                chains.push(operation);
+            }
+            other => contents.push(other),
+        }
+    }
+    table.into_iter().chain(sets).chain(chains).chain(flushes).chain(contents).collect()
 }
 
 fn add_chains(operations: &mut Vec<Operation>, chains: &[(String, Vec<Rule>)]) {
@@ -199,6 +238,7 @@ impl<N: Nftables> NftablesBackend<N> {
             hairpin_refs: HashMap::new(),
             written_node_port_cidrs: None,
             needs_full_sync: true,
+            replace_table: false,
             drift_check_interval: DEFAULT_DRIFT_CHECK_INTERVAL,
             last_drift_check: None,
         }
@@ -264,16 +304,21 @@ impl<N: Nftables> NftablesBackend<N> {
     }
 
     fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, SyncError> {
-        let rendered = render_full_with_objects(plan, &self.families);
+        let mut rendered = render_full_with_objects(plan, &self.families);
+        if self.replace_table {
+            for (transaction, _) in &mut rendered {
+                transaction.operations.splice(0..0, [Operation::AddTable { comment: None }, Operation::DeleteTable]);
+            }
+        }
         let mut operations = 0;
         for ((transaction, _), &family) in rendered.iter().zip(&self.families) {
             operations += transaction.operations.len();
-            self.nft.apply(transaction).map_err(|source| SyncError::Apply {
-                family,
-                operations: transaction.operations.len(),
-                source,
-            })?;
+            if let Err(source) = self.nft.apply(transaction) {
+                self.replace_table = true;
+                return Err(SyncError::Apply { family, operations: transaction.operations.len(), source });
+            }
         }
+        self.replace_table = false;
         self.written.clear();
         self.hairpin_refs.clear();
         for (key, objects) in rendered.into_iter().flat_map(|(_, ports)| ports) {

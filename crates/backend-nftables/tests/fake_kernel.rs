@@ -427,3 +427,27 @@ fn drift_is_not_looked_for_more_often_than_the_check_interval() {
     h.backend.nftables_mut().delete_table(&v4()).unwrap();
     assert_eq!(h.backend.find_drift(), None, "the default interval (1 s) has not passed");
 }
+
+#[test]
+fn a_full_sync_keeps_the_table_and_replaces_its_contents_in_place() {
+    let mut h = Harness::new(FakeNftables::new());
+    h.apply(vec![
+        Change::ServiceUpserted(service("web", "198.19.0.10", ServiceType::ClusterIp)),
+        Change::SliceUpserted(slice("web", &[("198.18.129.1", "node1")])),
+        Change::ServiceUpserted(service("gone", "198.19.0.11", ServiceType::ClusterIp)),
+    ])
+    .unwrap();
+    // A new process: its first sync is a full one over the table the last one left.
+    h.backend = NftablesBackend::new(std::mem::take(h.backend.nftables_mut()));
+    h.apply(vec![Change::ServiceDeleted(NamespacedName::new("default", "gone"))]).unwrap();
+    let transactions = svcplane_backend_nftables::render_full(&h.plan, &[IpFamily::V4]);
+    assert!(
+        !transactions[0].operations.contains(&svcplane_nft::Operation::DeleteTable),
+        "the table (and its base chains' hooks) is never deleted by a full sync"
+    );
+    let table = h.backend.nftables().table(&v4()).unwrap();
+    let web = [Value::Address("198.19.0.10".parse().unwrap()), Value::Protocol(6), Value::Port(80)];
+    let gone = [Value::Address("198.19.0.11".parse().unwrap()), Value::Protocol(6), Value::Port(80)];
+    assert!(table.element("service-ips", &web).is_some());
+    assert!(table.element("no-endpoint-services", &gone).is_none(), "the flushed maps no longer know the gone Service");
+}
