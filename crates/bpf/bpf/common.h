@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Shared map layouts of svcplane's BPF programs. Every struct here has a twin in
+ * crates/bpf/src/maps.rs (#[repr(C)]): change both together. Addresses are 16 bytes
+ * in network order; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d), so both families share
+ * one set of maps. Ports are in network order. */
+#ifndef SVCPLANE_COMMON_H
+#define SVCPLANE_COMMON_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define ECONNREFUSED 111
+
+/* A service frontend is looked up per source scope: what the plan decides for traffic
+ * from this node itself (the node's network namespace) and from its pods. */
+#define SCOPE_NODE 0
+#define SCOPE_POD 1
+
+/* svc_value.flags */
+#define SVC_F_REJECT 1   /* no endpoint at all: refuse (ECONNREFUSED / reset / ICMP) */
+#define SVC_F_DROP 2     /* endpoints exist, not for this traffic: drop */
+#define SVC_F_AFFINITY 4 /* ClientIP affinity, affinity_timeout seconds */
+
+#define MAX_BACKENDS_PER_SET 65536
+
+struct svc_key {
+	__u8 addr[16];
+	__u16 port;
+	__u8 proto;
+	__u8 scope;
+};
+
+struct svc_value {
+	__u32 backend_set;
+	__u32 count;
+	__u32 flags;
+	__u32 affinity_timeout;
+};
+
+struct backend_key {
+	__u32 backend_set;
+	__u32 slot;
+};
+
+struct backend_value {
+	__u8 addr[16];
+	__u16 port;
+	__u16 pad;
+};
+
+/* Reverse translation of socket-balanced flows: a socket (cookie) talking to a backend
+ * sees the Service address in recvmsg and getpeername. */
+struct rev_key {
+	__u64 cookie;
+	__u8 addr[16];
+	__u16 port;
+	__u16 pad[3];
+};
+
+struct rev_value {
+	__u8 addr[16];
+	__u16 port;
+	__u16 pad;
+};
+
+struct affinity_key {
+	__u64 client;
+	__u32 backend_set;
+	__u32 pad;
+};
+
+struct affinity_value {
+	__u64 last_used_ns;
+	/* backend.pad holds the backend's slot, to check it is still in the set. */
+	struct backend_value backend;
+	__u32 tail;
+};
+
+struct config {
+	/* bpf_get_netns_cookie of the node's own network namespace: sockets there are the
+	 * node itself, sockets elsewhere in the cgroup are pods. */
+	__u64 host_netns_cookie;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct svc_key);
+	__type(value, struct svc_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct backend_key);
+	__type(value, struct backend_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct rev_key);
+	__type(value, struct rev_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_rev_sock SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_config SEC(".maps");
+
+#endif

@@ -1,0 +1,251 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* Socket-level load balancing for every process in a cgroup tree: a connect() (TCP,
+ * connected UDP) or an unconnected UDP sendmsg() to a Service frontend is rewritten to one
+ * of its endpoints before any packet exists; recvmsg() and getpeername() show the Service
+ * address again. The maps are filled by svcplane's eBPF mode from the node's plan; these
+ * programs decide nothing beyond picking an endpoint. */
+#include "common.h"
+
+char _license[] SEC("license") = "Dual BSD/GPL";
+
+#define NS_PER_SEC 1000000000ULL
+
+/* Outcomes of a lookup. */
+#define LB_PASS 0    /* not a Service: leave the address alone */
+#define LB_REWRITE 1 /* *out holds the endpoint */
+#define LB_REFUSE 2  /* no endpoint at all: ECONNREFUSED */
+#define LB_DROP 3    /* not for this traffic: EPERM, like a local firewall drop */
+
+static __always_inline __u8 scope_of(struct bpf_sock_addr *ctx)
+{
+	__u32 zero = 0;
+	struct config *cfg = bpf_map_lookup_elem(&svcplane_config, &zero);
+	if (!cfg)
+		return SCOPE_POD;
+	return bpf_get_netns_cookie(ctx) == cfg->host_netns_cookie ? SCOPE_NODE : SCOPE_POD;
+}
+
+static __always_inline int same_backend(const struct backend_value *a, const struct backend_value *b)
+{
+	const __u32 *x = (const __u32 *)a->addr, *y = (const __u32 *)b->addr;
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && a->port == b->port;
+}
+
+static __always_inline int pick(struct bpf_sock_addr *ctx, struct svc_key *key, struct backend_value *out)
+{
+	struct svc_value *svc = bpf_map_lookup_elem(&svcplane_services, key);
+	if (!svc)
+		return LB_PASS;
+	__u32 flags = svc->flags;
+	if (flags & SVC_F_REJECT)
+		return LB_REFUSE;
+	__u32 count = svc->count;
+	if ((flags & SVC_F_DROP) || count == 0)
+		return LB_DROP;
+	if (count > MAX_BACKENDS_PER_SET)
+		count = MAX_BACKENDS_PER_SET;
+	__u32 set = svc->backend_set;
+
+	struct affinity_key akey = {};
+	__u64 now = 0;
+	if (flags & SVC_F_AFFINITY) {
+		/* At connect() the client has no address yet: its network namespace stands
+		 * for it (a pod, or the node). */
+		akey.client = bpf_get_netns_cookie(ctx);
+		akey.backend_set = set;
+		now = bpf_ktime_get_ns();
+		struct affinity_value *aff = bpf_map_lookup_elem(&svcplane_affinity, &akey);
+		if (aff && now - aff->last_used_ns <= (__u64)svc->affinity_timeout * NS_PER_SEC) {
+			/* Still an endpoint of the set? Scan is bounded: the slot is kept too. */
+			struct backend_key bkey = { .backend_set = set, .slot = aff->backend.pad };
+			struct backend_value *still = bpf_map_lookup_elem(&svcplane_backends, &bkey);
+			if (still && bkey.slot < count && same_backend(still, &aff->backend)) {
+				aff->last_used_ns = now;
+				*out = *still;
+				return LB_REWRITE;
+			}
+		}
+	}
+
+	struct backend_key bkey = { .backend_set = set, .slot = bpf_get_prandom_u32() % count };
+	struct backend_value *backend = bpf_map_lookup_elem(&svcplane_backends, &bkey);
+	if (!backend)
+		return LB_DROP; /* a set being rewritten: never a half-updated answer */
+	*out = *backend;
+	if (flags & SVC_F_AFFINITY) {
+		struct affinity_value fresh = { .last_used_ns = now, .backend = *backend };
+		fresh.backend.pad = (__u16)bkey.slot;
+		bpf_map_update_elem(&svcplane_affinity, &akey, &fresh, BPF_ANY);
+	}
+	return LB_REWRITE;
+}
+
+static __always_inline void remember(struct bpf_sock_addr *ctx, const struct backend_value *backend,
+				     const struct svc_key *service)
+{
+	struct rev_key rkey = { .cookie = bpf_get_socket_cookie(ctx), .port = backend->port };
+	__builtin_memcpy(rkey.addr, backend->addr, 16);
+	struct rev_value rval = { .port = service->port };
+	__builtin_memcpy(rval.addr, service->addr, 16);
+	bpf_map_update_elem(&svcplane_rev_sock, &rkey, &rval, BPF_ANY);
+}
+
+static __always_inline void key4(struct svc_key *key, __u32 ip, __u16 port)
+{
+	__u32 *words = (__u32 *)key->addr;
+	words[0] = 0;
+	words[1] = 0;
+	words[2] = bpf_htonl(0x0000ffff);
+	words[3] = ip;
+	key->port = port;
+}
+
+static __always_inline void key6(struct svc_key *key, struct bpf_sock_addr *ctx)
+{
+	__u32 *words = (__u32 *)key->addr;
+	words[0] = ctx->user_ip6[0];
+	words[1] = ctx->user_ip6[1];
+	words[2] = ctx->user_ip6[2];
+	words[3] = ctx->user_ip6[3];
+	key->port = (__u16)ctx->user_port;
+}
+
+static __always_inline int is_v4_mapped(const __u8 *addr)
+{
+	const __u32 *words = (const __u32 *)addr;
+	return words[0] == 0 && words[1] == 0 && words[2] == bpf_htonl(0x0000ffff);
+}
+
+/* connect4 / sendmsg4: rewrite; refusals only where the syscall can carry them. */
+static __always_inline int balance4(struct bpf_sock_addr *ctx)
+{
+	struct svc_key key = { .proto = (__u8)ctx->protocol };
+	key4(&key, ctx->user_ip4, (__u16)ctx->user_port);
+	key.scope = scope_of(ctx);
+	struct backend_value backend;
+	switch (pick(ctx, &key, &backend)) {
+	case LB_PASS:
+		return 1;
+	case LB_REFUSE:
+		bpf_set_retval(-ECONNREFUSED);
+		return 0;
+	case LB_DROP:
+		return 0;
+	}
+	if (!is_v4_mapped(backend.addr))
+		return 0;
+	ctx->user_ip4 = ((__u32 *)backend.addr)[3];
+	ctx->user_port = backend.port;
+	remember(ctx, &backend, &key);
+	return 1;
+}
+
+static __always_inline int balance6(struct bpf_sock_addr *ctx)
+{
+	struct svc_key key = { .proto = (__u8)ctx->protocol };
+	key6(&key, ctx);
+	key.scope = scope_of(ctx);
+	struct backend_value backend;
+	switch (pick(ctx, &key, &backend)) {
+	case LB_PASS:
+		return 1;
+	case LB_REFUSE:
+		bpf_set_retval(-ECONNREFUSED);
+		return 0;
+	case LB_DROP:
+		return 0;
+	}
+	__u32 *words = (__u32 *)backend.addr;
+	ctx->user_ip6[0] = words[0];
+	ctx->user_ip6[1] = words[1];
+	ctx->user_ip6[2] = words[2];
+	ctx->user_ip6[3] = words[3];
+	ctx->user_port = backend.port;
+	remember(ctx, &backend, &key);
+	return 1;
+}
+
+/* recvmsg4 / getpeername4: a backend this socket was balanced to shows as the Service. */
+static __always_inline void reverse4(struct bpf_sock_addr *ctx)
+{
+	struct rev_key rkey = { .cookie = bpf_get_socket_cookie(ctx), .port = (__u16)ctx->user_port };
+	__u32 *words = (__u32 *)rkey.addr;
+	words[2] = bpf_htonl(0x0000ffff);
+	words[3] = ctx->user_ip4;
+	struct rev_value *service = bpf_map_lookup_elem(&svcplane_rev_sock, &rkey);
+	if (!service || !is_v4_mapped(service->addr))
+		return;
+	ctx->user_ip4 = ((__u32 *)service->addr)[3];
+	ctx->user_port = service->port;
+}
+
+static __always_inline void reverse6(struct bpf_sock_addr *ctx)
+{
+	struct rev_key rkey = { .cookie = bpf_get_socket_cookie(ctx), .port = (__u16)ctx->user_port };
+	__u32 *words = (__u32 *)rkey.addr;
+	words[0] = ctx->user_ip6[0];
+	words[1] = ctx->user_ip6[1];
+	words[2] = ctx->user_ip6[2];
+	words[3] = ctx->user_ip6[3];
+	struct rev_value *service = bpf_map_lookup_elem(&svcplane_rev_sock, &rkey);
+	if (!service)
+		return;
+	__u32 *out = (__u32 *)service->addr;
+	ctx->user_ip6[0] = out[0];
+	ctx->user_ip6[1] = out[1];
+	ctx->user_ip6[2] = out[2];
+	ctx->user_ip6[3] = out[3];
+	ctx->user_port = service->port;
+}
+
+SEC("cgroup/connect4")
+int svcplane_connect4(struct bpf_sock_addr *ctx)
+{
+	return balance4(ctx);
+}
+
+SEC("cgroup/sendmsg4")
+int svcplane_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return balance4(ctx);
+}
+
+SEC("cgroup/recvmsg4")
+int svcplane_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	reverse4(ctx);
+	return 1;
+}
+
+SEC("cgroup/getpeername4")
+int svcplane_getpeername4(struct bpf_sock_addr *ctx)
+{
+	reverse4(ctx);
+	return 1;
+}
+
+SEC("cgroup/connect6")
+int svcplane_connect6(struct bpf_sock_addr *ctx)
+{
+	return balance6(ctx);
+}
+
+SEC("cgroup/sendmsg6")
+int svcplane_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return balance6(ctx);
+}
+
+SEC("cgroup/recvmsg6")
+int svcplane_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	reverse6(ctx);
+	return 1;
+}
+
+SEC("cgroup/getpeername6")
+int svcplane_getpeername6(struct bpf_sock_addr *ctx)
+{
+	reverse6(ctx);
+	return 1;
+}

@@ -1,0 +1,23 @@
+//! The BPF mechanism of svcplane's eBPF mode: the C programs under `bpf/` (compiled by
+//! clang from `build.rs` and embedded), the typed keys and values of their maps, and
+//! loading, pinning (under a bpffs directory), attaching (to a cgroup v2 directory) and
+//! removing them, with aya 0.14.
+//!
+//! What it does not do: it knows nothing of Services, plans or Kubernetes and decides no
+//! policy. It writes what it is told into maps; `svcplane-backend-ebpf` decides what that is.
+
+mod error;
+pub mod maps;
+mod pod;
+pub mod sock_lb;
+pub mod sys;
+
+pub use error::BpfError;
+pub use maps::{
+    AffinityKey, AffinityValue, BackendKey, BackendValue, Config, RevKey, RevValue, Scope, ServiceFlags, ServiceKey,
+    ServiceValue,
+};
+pub use sock_lb::{MapSizes, SockLb, SockLbOptions, cleanup};
+
+/// The socket-level load balancer's object (`bpf/sock_lb.c`), as clang built it.
+pub(crate) static SOCK_LB_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock_lb.o"));

@@ -1,0 +1,230 @@
+//! The keys and values of the BPF maps, byte for byte as `bpf/common.h` lays them out.
+//!
+//! Addresses are 16 bytes in network order (IPv4 as `::ffff:a.b.c.d`, so one map serves
+//! both families); ports are kept in network order as the programs read them.
+
+use std::fmt;
+use std::mem::size_of;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+/// The map names, as pinned under the bpf root.
+pub const SERVICES_MAP: &str = "svcplane_services";
+pub const BACKENDS_MAP: &str = "svcplane_backends";
+pub const REV_SOCK_MAP: &str = "svcplane_rev_sock";
+pub const AFFINITY_MAP: &str = "svcplane_affinity";
+pub const CONFIG_MAP: &str = "svcplane_config";
+/// Every map of the socket-level balancer.
+pub const SOCK_LB_MAPS: [&str; 5] = [SERVICES_MAP, BACKENDS_MAP, REV_SOCK_MAP, AFFINITY_MAP, CONFIG_MAP];
+
+/// IP protocol numbers as the programs see them.
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_SCTP: u8 = 132;
+
+/// An address as the maps store it.
+pub fn address_bytes(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The address the maps' bytes stand for (IPv4-mapped bytes are IPv4).
+pub fn address_of(bytes: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(bytes);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+fn port_net(port: u16) -> u16 {
+    u16::from_ne_bytes(port.to_be_bytes())
+}
+
+fn port_host(stored: u16) -> u16 {
+    u16::from_be_bytes(stored.to_ne_bytes())
+}
+
+/// Whose socket a lookup is for: the plan may send the node itself and its pods to
+/// different endpoint sets (or refuse one of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum Scope {
+    /// A socket in the node's own network namespace.
+    Node = 0,
+    /// A socket in any other network namespace of the cgroup: a pod of this node.
+    Pod = 1,
+}
+
+/// A Service frontend: address, port, protocol, for one scope.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ServiceKey {
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub proto: u8,
+    pub scope: u8,
+}
+
+impl ServiceKey {
+    pub fn new(address: SocketAddr, proto: u8, scope: Scope) -> Self {
+        Self { addr: address_bytes(address.ip()), port: port_net(address.port()), proto, scope: scope as u8 }
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        SocketAddr::new(address_of(self.addr), port_host(self.port))
+    }
+
+    pub fn scope(&self) -> Scope {
+        if self.scope == Scope::Node as u8 { Scope::Node } else { Scope::Pod }
+    }
+}
+
+impl fmt::Debug for ServiceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} ({:?})", self.address(), protocol_name(self.proto), self.scope())
+    }
+}
+
+/// The name of an IP protocol number, for tables.
+pub fn protocol_name(proto: u8) -> &'static str {
+    match proto {
+        PROTO_TCP => "tcp",
+        PROTO_UDP => "udp",
+        PROTO_SCTP => "sctp",
+        _ => "?",
+    }
+}
+
+/// `svc_value.flags`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ServiceFlags;
+
+impl ServiceFlags {
+    /// No endpoint at all: connect() fails with ECONNREFUSED.
+    pub const REJECT: u32 = 1;
+    /// Endpoints exist, but not for this traffic: dropped (EPERM locally).
+    pub const DROP: u32 = 2;
+    /// ClientIP affinity with `affinity_timeout` seconds.
+    pub const AFFINITY: u32 = 4;
+}
+
+/// What a frontend leads to: a backend set, its size and how to treat it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ServiceValue {
+    pub backend_set: u32,
+    pub count: u32,
+    pub flags: u32,
+    pub affinity_timeout: u32,
+}
+
+/// One slot of a backend set.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct BackendKey {
+    pub backend_set: u32,
+    pub slot: u32,
+}
+
+/// An endpoint.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct BackendValue {
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub pad: u16,
+}
+
+impl BackendValue {
+    pub fn new(address: SocketAddr) -> Self {
+        Self { addr: address_bytes(address.ip()), port: port_net(address.port()), pad: 0 }
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        SocketAddr::new(address_of(self.addr), port_host(self.port))
+    }
+}
+
+impl fmt::Debug for BackendValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.address())
+    }
+}
+
+/// A socket (by cookie) and the backend it was balanced to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RevKey {
+    pub cookie: u64,
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub pad: [u16; 3],
+}
+
+/// The Service address that socket asked for.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RevValue {
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub pad: u16,
+}
+
+/// A client (its network namespace cookie at the socket level) and a backend set.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct AffinityKey {
+    pub client: u64,
+    pub backend_set: u32,
+    pub pad: u32,
+}
+
+/// The backend a client sticks to, and when it last used it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct AffinityValue {
+    pub last_used_ns: u64,
+    pub backend: BackendValue,
+    pub tail: u32,
+}
+
+/// Node-wide settings the programs read.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Config {
+    pub host_netns_cookie: u64,
+}
+
+// A layout change in `common.h` that is not mirrored here fails the build.
+const _: () = {
+    assert!(size_of::<ServiceKey>() == 20);
+    assert!(size_of::<ServiceValue>() == 16);
+    assert!(size_of::<BackendKey>() == 8);
+    assert!(size_of::<BackendValue>() == 20);
+    assert!(size_of::<RevKey>() == 32);
+    assert!(size_of::<RevValue>() == 20);
+    assert!(size_of::<AffinityKey>() == 16);
+    assert!(size_of::<AffinityValue>() == 32);
+    assert!(size_of::<Config>() == 8);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv4_frontend_is_stored_ipv4_mapped_with_its_port_in_network_order() {
+        let key = ServiceKey::new("198.19.0.10:80".parse().unwrap(), PROTO_TCP, Scope::Pod);
+        assert_eq!(&key.addr[10..], &[0xff, 0xff, 198, 19, 0, 10]);
+        assert_eq!(key.port.to_ne_bytes(), [0, 80]);
+        assert_eq!(key.address(), "198.19.0.10:80".parse::<SocketAddr>().unwrap());
+    }
+
+    #[test]
+    fn an_ipv6_backend_reads_back_as_the_same_socket_address() {
+        let address: SocketAddr = "[2001:db8:1::2]:8080".parse().unwrap();
+        assert_eq!(BackendValue::new(address).address(), address);
+    }
+}

@@ -1,0 +1,227 @@
+//! The socket-level balancer: `bpf/sock_lb.c` loaded once per bpf root, its maps pinned
+//! there, its eight programs attached to one cgroup v2 directory through BPF links pinned
+//! there too, so they outlive the process. A later process with the same root adopts
+//! them: the maps are reused by their pins and programs already linked are not attached
+//! again.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, HashMap, Map, MapData};
+use aya::programs::links::FdLink;
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya::{Ebpf, EbpfLoader};
+
+use crate::maps::{
+    AFFINITY_MAP, AffinityKey, AffinityValue, BACKENDS_MAP, BackendKey, BackendValue, CONFIG_MAP, Config, REV_SOCK_MAP,
+    RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue,
+};
+use crate::{BpfError, SOCK_LB_OBJECT, sys};
+
+/// The programs of `sock_lb.c`, by function name.
+pub const PROGRAMS: [&str; 8] = [
+    "svcplane_connect4",
+    "svcplane_sendmsg4",
+    "svcplane_recvmsg4",
+    "svcplane_getpeername4",
+    "svcplane_connect6",
+    "svcplane_sendmsg6",
+    "svcplane_recvmsg6",
+    "svcplane_getpeername6",
+];
+
+/// Where pinned links live under the bpf root.
+const LINKS_DIR: &str = "links";
+
+/// Map capacities (entries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapSizes {
+    pub services: u32,
+    pub backends: u32,
+    pub affinity: u32,
+    pub reverse: u32,
+}
+
+impl Default for MapSizes {
+    /// Fit for 64k backends: every frontend has two scopes (node, pod).
+    fn default() -> Self {
+        Self { services: 131_072, backends: 131_072, affinity: 65_536, reverse: 262_144 }
+    }
+}
+
+/// Where to pin and what to attach to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SockLbOptions {
+    /// A directory on a bpffs (mounted there if it is not one).
+    pub bpf_root: PathBuf,
+    /// The cgroup v2 directory whose processes are balanced.
+    pub cgroup: PathBuf,
+    pub sizes: MapSizes,
+}
+
+/// The loaded, attached balancer and its maps.
+#[derive(Debug)]
+pub struct SockLb {
+    pub services: ServicesMap,
+    pub backends: BackendsMap,
+    pub affinity: HashMap<MapData, AffinityKey, AffinityValue>,
+    pub reverse: HashMap<MapData, RevKey, RevValue>,
+    pub sizes: MapSizes,
+    /// Whether programs were already linked by an earlier process (adopted, not attached).
+    pub adopted: bool,
+}
+
+impl SockLb {
+    /// Loads (or adopts) the balancer under `options.bpf_root` and attaches it to
+    /// `options.cgroup` if it is not attached yet. `host_netns_cookie` is the cookie of the
+    /// node's own network namespace (sockets there are the node, others are pods).
+    pub fn open(options: &SockLbOptions, host_netns_cookie: u64) -> Result<Self, BpfError> {
+        let cgroup = File::open(&options.cgroup).map_err(|source| BpfError::Cgroup {
+            path: options.cgroup.clone(),
+            what: "opening it (it must exist on a cgroup2 mount)",
+            source,
+        })?;
+        sys::ensure_bpffs(&options.bpf_root)?;
+        let links_dir = options.bpf_root.join(LINKS_DIR);
+        std::fs::create_dir_all(&links_dir).map_err(|source| BpfError::BpfFs {
+            path: links_dir.clone(),
+            what: "creating the links directory",
+            source,
+        })?;
+        let sizes = options.sizes;
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(&options.bpf_root)
+            .map_max_entries(SERVICES_MAP, sizes.services)
+            .map_max_entries(BACKENDS_MAP, sizes.backends)
+            .map_max_entries(AFFINITY_MAP, sizes.affinity)
+            .map_max_entries(REV_SOCK_MAP, sizes.reverse)
+            .load(SOCK_LB_OBJECT)
+            .map_err(|source| BpfError::Load { object: "sock_lb.o", source })?;
+
+        let mut config: Array<MapData, Config> = typed(&mut ebpf, CONFIG_MAP)?;
+        config.set(0, Config { host_netns_cookie }, 0).map_err(|source| BpfError::Map {
+            map: CONFIG_MAP,
+            what: "writing the node's netns cookie".into(),
+            source,
+        })?;
+
+        let mut adopted = true;
+        for program in PROGRAMS {
+            let pin = links_dir.join(program);
+            if pin.exists() {
+                continue;
+            }
+            adopted = false;
+            attach(&mut ebpf, program, &cgroup, &pin)?;
+        }
+        Ok(Self {
+            services: typed(&mut ebpf, SERVICES_MAP)?,
+            backends: typed(&mut ebpf, BACKENDS_MAP)?,
+            affinity: typed(&mut ebpf, AFFINITY_MAP)?,
+            reverse: typed(&mut ebpf, REV_SOCK_MAP)?,
+            sizes,
+            adopted,
+        })
+    }
+}
+
+fn typed<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>
+where
+    T: TryFrom<Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(BpfError::MissingMap { map: name })?;
+    T::try_from(map).map_err(|source| BpfError::Map {
+        map: name,
+        what: "opening with its key and value types".into(),
+        source,
+    })
+}
+
+fn attach(ebpf: &mut Ebpf, program: &'static str, cgroup: &File, pin: &Path) -> Result<(), BpfError> {
+    let prog = ebpf.program_mut(program).ok_or(BpfError::Link {
+        program,
+        what: "missing from the object",
+        source: "no such program".into(),
+    })?;
+    let prog: &mut CgroupSockAddr = prog.try_into().map_err(|source| BpfError::Program {
+        program,
+        what: "not a cgroup sock_addr program",
+        source,
+    })?;
+    prog.load().map_err(|source| BpfError::Program { program, what: "loading (the verifier said no?)", source })?;
+    let id = prog.attach(cgroup, CgroupAttachMode::Single).map_err(|source| BpfError::Program {
+        program,
+        what: "attaching to the cgroup",
+        source,
+    })?;
+    let link = prog.take_link(id).map_err(|source| BpfError::Program { program, what: "taking its link", source })?;
+    let link: FdLink = link.try_into().map_err(|source| BpfError::Link {
+        program,
+        what: "not a BPF link",
+        source: Box::new(source),
+    })?;
+    link.pin(pin).map_err(|source| BpfError::Link { program, what: "pinning", source: Box::new(source) })?;
+    Ok(())
+}
+
+/// The services map, typed.
+pub type ServicesMap = HashMap<MapData, ServiceKey, ServiceValue>;
+/// The backends map, typed.
+pub type BackendsMap = HashMap<MapData, BackendKey, BackendValue>;
+
+/// Opens the pinned maps of a running or stopped balancer, without loading anything.
+pub fn open_pinned_services(bpf_root: &Path) -> Result<(ServicesMap, BackendsMap), BpfError> {
+    let open = |name: &'static str| {
+        MapData::from_pin(bpf_root.join(name)).map_err(|source| BpfError::Map {
+            map: name,
+            what: format!("opening its pin in {}", bpf_root.display()),
+            source,
+        })
+    };
+    let services = HashMap::try_from(Map::HashMap(open(SERVICES_MAP)?)).map_err(|source| BpfError::Map {
+        map: SERVICES_MAP,
+        what: "typing".into(),
+        source,
+    })?;
+    let backends = HashMap::try_from(Map::HashMap(open(BACKENDS_MAP)?)).map_err(|source| BpfError::Map {
+        map: BACKENDS_MAP,
+        what: "typing".into(),
+        source,
+    })?;
+    Ok((services, backends))
+}
+
+/// Removes every link and map pinned under `bpf_root` (the programs detach when their
+/// last link goes), then the directory, unmounting it if it is a bpffs of its own.
+/// Returns whether anything was there.
+pub fn cleanup(bpf_root: &Path) -> Result<bool, BpfError> {
+    if !bpf_root.exists() {
+        return Ok(false);
+    }
+    let mut found = false;
+    let links_dir = bpf_root.join(LINKS_DIR);
+    for program in PROGRAMS {
+        found |= remove_if_there(&links_dir.join(program))?;
+    }
+    for map in SOCK_LB_MAPS {
+        found |= remove_if_there(&bpf_root.join(map))?;
+    }
+    let _ = std::fs::remove_dir(&links_dir);
+    if sys::is_bpffs_mount_point(bpf_root) {
+        nix::mount::umount(bpf_root).map_err(|errno| BpfError::BpfFs {
+            path: bpf_root.to_owned(),
+            what: "unmounting",
+            source: errno.into(),
+        })?;
+    }
+    let _ = std::fs::remove_dir(bpf_root);
+    Ok(found)
+}
+
+fn remove_if_there(path: &Path) -> Result<bool, BpfError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(BpfError::Io { what: format!("removing {}", path.display()), source }),
+    }
+}

@@ -1,0 +1,146 @@
+//! The socket-level balancer on the real kernel (needs root): loaded into a bpffs of the
+//! test's own, attached to a cgroup the test creates, exercised by a shell moved into that
+//! cgroup inside a network namespace the test creates; all of it removed at the end.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use svcplane_bpf::maps::{PROTO_TCP, PROTO_UDP};
+use svcplane_bpf::{BackendKey, BackendValue, Scope, ServiceFlags, ServiceKey, ServiceValue, SockLb, SockLbOptions};
+
+struct Sandbox {
+    netns: String,
+    cgroup: PathBuf,
+    bpf_root: tempfile::TempDir,
+}
+
+impl Sandbox {
+    fn new(tag: &str) -> Self {
+        let netns = format!("svcplane-bpftest-{}-{tag}", std::process::id());
+        run(&["ip", "netns", "add", &netns]);
+        run(&["ip", "-n", &netns, "link", "set", "lo", "up"]);
+        let cgroup = svcplane_bpf::sys::cgroup2_mount()
+            .expect("cgroup2 mount")
+            .join(format!("svcplane-test-{}-{tag}", std::process::id()));
+        std::fs::create_dir(&cgroup).expect("creating the test cgroup");
+        Self { netns, cgroup, bpf_root: tempfile::tempdir().expect("temp dir") }
+    }
+
+    fn options(&self) -> SockLbOptions {
+        SockLbOptions {
+            bpf_root: self.bpf_root.path().join("svcplane"),
+            cgroup: self.cgroup.clone(),
+            sizes: Default::default(),
+        }
+    }
+
+    /// Runs a bash script inside the cgroup and the namespace; its output and status.
+    fn shell(&self, script: &str) -> (bool, String) {
+        let procs = self.cgroup.join("cgroup.procs");
+        let wrapper = format!(
+            "echo $$ > {} && exec timeout 5 ip netns exec {} bash -c '{script}' 2>&1",
+            procs.display(),
+            self.netns
+        );
+        let output = Command::new("sh").args(["-c", &wrapper]).output().expect("running sh");
+        (output.status.success(), String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// A TCP listener inside the namespace answering `hello` to one connection at a time.
+    fn listener(&self) -> SocketAddr {
+        let file = std::fs::File::open(format!("/run/netns/{}", self.netns)).expect("netns file");
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+            sender.send(listener.local_addr().expect("address")).expect("send");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            listener.set_nonblocking(true).expect("nonblocking");
+            while Instant::now() < deadline {
+                match listener.accept() {
+                    Ok((mut stream, _)) => {
+                        let _ = stream.write_all(b"hello\n");
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        receiver.recv_timeout(Duration::from_secs(5)).expect("listener address")
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = svcplane_bpf::cleanup(&self.bpf_root.path().join("svcplane"));
+        // The shell processes are gone (they exited); the cgroup is empty.
+        let _ = std::fs::remove_dir(&self.cgroup);
+        let _ = Command::new("ip").args(["netns", "del", &self.netns]).status();
+    }
+}
+
+fn run(args: &[&str]) {
+    let status = Command::new(args[0]).args(&args[1..]).status().expect("running a command");
+    assert!(status.success(), "{args:?} failed");
+}
+
+fn is_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("SKIPPED: loading BPF programs and creating cgroups needs root");
+    false
+}
+
+fn insert_service(lb: &mut SockLb, frontend: &str, proto: u8, set: u32, backends: &[SocketAddr], flags: u32) {
+    for (slot, backend) in backends.iter().enumerate() {
+        let key = BackendKey { backend_set: set, slot: slot as u32 };
+        lb.backends.insert(key, BackendValue::new(*backend), 0).expect("backend insert");
+    }
+    let key = ServiceKey::new(frontend.parse().unwrap(), proto, Scope::Pod);
+    let value = ServiceValue { backend_set: set, count: backends.len() as u32, flags, affinity_timeout: 0 };
+    lb.services.insert(key, value, 0).expect("service insert");
+}
+
+#[test]
+fn a_connect_to_a_service_address_reaches_its_backend_and_a_rejecting_service_refuses_at_once() {
+    if !is_root() {
+        return;
+    }
+    let sandbox = Sandbox::new("connect");
+    let backend = sandbox.listener();
+    let options = sandbox.options();
+    {
+        let mut lb = SockLb::open(&options, 0).expect("loading and attaching the balancer");
+        assert!(!lb.adopted, "a fresh root has nothing to adopt");
+        insert_service(&mut lb, "198.19.0.10:80", PROTO_TCP, 1, &[backend], 0);
+        insert_service(&mut lb, "198.19.0.11:80", PROTO_TCP, 2, &[], ServiceFlags::REJECT);
+        insert_service(&mut lb, "198.19.0.12:53", PROTO_UDP, 3, &[backend], 0);
+
+        let (ok, out) = sandbox.shell("exec 3<>/dev/tcp/198.19.0.10/80; head -n1 <&3");
+        assert!(ok && out.trim() == "hello", "through the Service: {out:?}");
+
+        let started = Instant::now();
+        let (ok, out) = sandbox.shell("exec 3<>/dev/tcp/198.19.0.11/80");
+        assert!(!ok && out.contains("Connection refused"), "a Service without endpoints: {out:?}");
+        assert!(started.elapsed() < Duration::from_secs(2), "refused at once, took {:?}", started.elapsed());
+
+        // Not a Service: untouched (the namespace has no route there).
+        let (ok, out) = sandbox.shell("exec 3<>/dev/tcp/198.19.0.13/80");
+        assert!(!ok && out.contains("unreachable"), "an address that is no Service: {out:?}");
+    }
+    // The links are pinned: a second open adopts them.
+    let lb = SockLb::open(&options, 0).expect("adopting");
+    assert!(lb.adopted, "the second process adopts the pinned links");
+    drop(lb);
+    let (ok, out) = sandbox.shell("exec 3<>/dev/tcp/198.19.0.10/80; head -n1 <&3");
+    assert!(ok && out.trim() == "hello", "still balanced with no process holding the balancer: {out:?}");
+
+    assert!(svcplane_bpf::cleanup(&options.bpf_root).expect("cleanup"), "cleanup found the pins");
+    assert!(!Path::new(&options.bpf_root).exists(), "the bpf root is gone");
+    let (ok, out) = sandbox.shell("exec 3<>/dev/tcp/198.19.0.10/80");
+    assert!(!ok && out.contains("unreachable"), "after cleanup nothing is balanced: {out:?}");
+}
