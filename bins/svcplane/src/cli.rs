@@ -30,7 +30,7 @@ pub enum Command {
     /// Serve the cluster zone (Kubernetes DNS specification 1.1.0) over UDP and TCP.
     Dns(DnsArgs),
     /// Remove everything svcplane programmed on this node.
-    Cleanup,
+    Cleanup(CleanupArgs),
     /// A sandbox of network namespaces showing real traffic through Services (needs root).
     Lab(LabArgs),
     /// An echo server for labs and tests: answers with its name and the client's address.
@@ -43,6 +43,8 @@ pub enum Mode {
     Nftables,
     /// kube-proxy's iptables chain layout, applied with `iptables-restore --noflush`.
     Iptables,
+    /// BPF programs: Services balanced at connect() / sendmsg() for the node's cgroup tree.
+    Ebpf,
 }
 
 /// Which iptables variant iptables mode writes with.
@@ -134,6 +136,26 @@ pub struct ProxyArgs {
     /// The iptables variant of `--mode iptables`.
     #[arg(long, value_enum, default_value = "auto")]
     pub iptables_backend: IptablesBackend,
+    #[command(flatten)]
+    pub ebpf: EbpfArgs,
+}
+
+/// Where `--mode ebpf` pins its BPF objects and which processes it balances.
+#[derive(Debug, Clone, Args)]
+pub struct EbpfArgs {
+    /// A bpffs directory for the pinned maps and links (a bpffs is mounted there if none is).
+    #[arg(long, value_name = "DIR", default_value = svcplane_backend_ebpf::DEFAULT_BPF_ROOT)]
+    pub bpf_root: PathBuf,
+    /// The cgroup v2 directory whose processes are balanced (default: the cgroup2 mount's
+    /// root, i.e. every process of the node).
+    #[arg(long, value_name = "DIR")]
+    pub cgroup_path: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CleanupArgs {
+    #[command(flatten)]
+    pub ebpf: EbpfArgs,
 }
 
 #[derive(Debug, Clone, Args)]

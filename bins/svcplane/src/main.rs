@@ -29,7 +29,7 @@ fn main() -> ExitCode {
         Command::Render(args) => proxy::render(&args),
         Command::Controller(args) => controller::run(&args),
         Command::Dns(args) => dns::run(&args),
-        Command::Cleanup => proxy::cleanup(),
+        Command::Cleanup(args) => proxy::cleanup(&args),
         Command::Lab(args) => lab::run(&args),
         Command::Echo(args) => lab::echo(&args),
     };

@@ -2,13 +2,14 @@
 //! [`svcplane_core::Dataplane`], and this is where it is built.
 
 use anyhow::Context;
+use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions};
 use svcplane_backend_iptables::IptablesBackend;
 use svcplane_backend_nftables::NftablesBackend;
 use svcplane_core::Dataplane;
 use svcplane_iptables::{IptablesCli, Variant, detect_variant};
 use svcplane_nft::{NftCli, NftClient, NftNetlink};
 
-use crate::cli::{IptablesBackend as IptablesVariant, Mode, NftMechanism, ProxyArgs};
+use crate::cli::{CleanupArgs, EbpfArgs, IptablesBackend as IptablesVariant, Mode, NftMechanism, ProxyArgs};
 
 /// The dataplane `--mode` names, ready to sync (nothing touches the kernel until then).
 pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
@@ -23,7 +24,12 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
             Box::new(NftablesBackend::new(client))
         }
         Mode::Iptables => Box::new(IptablesBackend::new(IptablesCli::new(iptables_variant(args.iptables_backend)))),
+        Mode::Ebpf => Box::new(EbpfBackend::new(ebpf_options(&args.ebpf))),
     })
+}
+
+fn ebpf_options(args: &EbpfArgs) -> EbpfOptions {
+    EbpfOptions { bpf_root: args.bpf_root.clone(), cgroup: args.cgroup_path.clone(), ..EbpfOptions::default() }
 }
 
 /// Whether the mode's traffic goes through the kernel's conntrack (stale UDP flows then
@@ -31,6 +37,8 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
 pub fn uses_kernel_conntrack(mode: Mode) -> bool {
     match mode {
         Mode::Nftables | Mode::Iptables => true,
+        // Socket-level balancing makes no conntrack entry for the Service hop.
+        Mode::Ebpf => false,
     }
 }
 
@@ -48,11 +56,12 @@ fn iptables_variant(choice: IptablesVariant) -> Variant {
 
 /// A dataplane of every mode and variant, for `cleanup` (nothing is opened that a node
 /// without the mode's tools would fail on before its cleanup runs).
-pub fn every_mode() -> Vec<Box<dyn Dataplane>> {
+pub fn every_mode(args: &CleanupArgs) -> Vec<Box<dyn Dataplane>> {
     vec![
         Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new()))),
         Box::new(IptablesBackend::new(IptablesCli::new(Variant::Legacy))),
         Box::new(IptablesBackend::new(IptablesCli::new(Variant::Nft))),
+        Box::new(EbpfBackend::new(ebpf_options(&args.ebpf))),
     ]
 }
 
@@ -62,5 +71,6 @@ pub fn for_render(mode: Mode) -> Box<dyn Dataplane> {
     match mode {
         Mode::Nftables => Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new()))),
         Mode::Iptables => Box::new(IptablesBackend::new(svcplane_iptables::FakeIptables::new())),
+        Mode::Ebpf => Box::new(EbpfBackend::new(EbpfOptions::default())),
     }
 }

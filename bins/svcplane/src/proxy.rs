@@ -10,7 +10,7 @@ use svcplane_core::{ClusterState, NodeConfig, NodePlan, NodePortAddresses};
 use svcplane_sync::{HealthServers, LoopSettings, StaleUdpCleanup, SyncLoop};
 use tracing::info;
 
-use crate::cli::ProxyArgs;
+use crate::cli::{CleanupArgs, ProxyArgs};
 use crate::{feeds, modes};
 
 pub fn node_config(args: &ProxyArgs) -> anyhow::Result<NodeConfig> {
@@ -82,9 +82,9 @@ pub fn render(args: &ProxyArgs) -> anyhow::Result<()> {
 }
 
 /// Removes whatever every mode may have left on this node.
-pub fn cleanup() -> anyhow::Result<()> {
+pub fn cleanup(args: &CleanupArgs) -> anyhow::Result<()> {
     let mut removed = false;
-    for mut dataplane in modes::every_mode() {
+    for mut dataplane in modes::every_mode(args) {
         let mode = dataplane.mode();
         removed |= dataplane
             .cleanup()

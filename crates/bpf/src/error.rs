@@ -8,14 +8,14 @@ pub enum BpfError {
     Load {
         object: &'static str,
         #[source]
-        source: aya::EbpfError,
+        source: Box<aya::EbpfError>,
     },
     #[error("BPF program {program}: {what} (the kernel may lack cgroup sock_addr / tcx support, or we lack CAP_BPF)")]
     Program {
         program: &'static str,
         what: &'static str,
         #[source]
-        source: aya::programs::ProgramError,
+        source: Box<aya::programs::ProgramError>,
     },
     #[error("BPF link of {program}: {what}")]
     Link {
@@ -29,7 +29,7 @@ pub enum BpfError {
         map: &'static str,
         what: String,
         #[source]
-        source: aya::maps::MapError,
+        source: Box<aya::maps::MapError>,
     },
     #[error("BPF map {map} is missing from the object")]
     MissingMap { map: &'static str },

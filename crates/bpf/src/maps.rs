@@ -5,6 +5,8 @@
 
 use std::fmt;
 use std::mem::size_of;
+
+pub use aya::maps::MapError;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// The map names, as pinned under the bpf root.

@@ -96,13 +96,13 @@ impl SockLb {
             .map_max_entries(AFFINITY_MAP, sizes.affinity)
             .map_max_entries(REV_SOCK_MAP, sizes.reverse)
             .load(SOCK_LB_OBJECT)
-            .map_err(|source| BpfError::Load { object: "sock_lb.o", source })?;
+            .map_err(|source| BpfError::Load { object: "sock_lb.o", source: Box::new(source) })?;
 
         let mut config: Array<MapData, Config> = typed(&mut ebpf, CONFIG_MAP)?;
         config.set(0, Config { host_netns_cookie }, 0).map_err(|source| BpfError::Map {
             map: CONFIG_MAP,
             what: "writing the node's netns cookie".into(),
-            source,
+            source: Box::new(source),
         })?;
 
         let mut adopted = true;
@@ -133,7 +133,7 @@ where
     T::try_from(map).map_err(|source| BpfError::Map {
         map: name,
         what: "opening with its key and value types".into(),
-        source,
+        source: Box::new(source),
     })
 }
 
@@ -146,15 +146,23 @@ fn attach(ebpf: &mut Ebpf, program: &'static str, cgroup: &File, pin: &Path) -> 
     let prog: &mut CgroupSockAddr = prog.try_into().map_err(|source| BpfError::Program {
         program,
         what: "not a cgroup sock_addr program",
-        source,
+        source: Box::new(source),
     })?;
-    prog.load().map_err(|source| BpfError::Program { program, what: "loading (the verifier said no?)", source })?;
+    prog.load().map_err(|source| BpfError::Program {
+        program,
+        what: "loading (the verifier said no?)",
+        source: Box::new(source),
+    })?;
     let id = prog.attach(cgroup, CgroupAttachMode::Single).map_err(|source| BpfError::Program {
         program,
         what: "attaching to the cgroup",
-        source,
+        source: Box::new(source),
     })?;
-    let link = prog.take_link(id).map_err(|source| BpfError::Program { program, what: "taking its link", source })?;
+    let link = prog.take_link(id).map_err(|source| BpfError::Program {
+        program,
+        what: "taking its link",
+        source: Box::new(source),
+    })?;
     let link: FdLink = link.try_into().map_err(|source| BpfError::Link {
         program,
         what: "not a BPF link",
@@ -175,20 +183,27 @@ pub fn open_pinned_services(bpf_root: &Path) -> Result<(ServicesMap, BackendsMap
         MapData::from_pin(bpf_root.join(name)).map_err(|source| BpfError::Map {
             map: name,
             what: format!("opening its pin in {}", bpf_root.display()),
-            source,
+            source: Box::new(source),
         })
     };
     let services = HashMap::try_from(Map::HashMap(open(SERVICES_MAP)?)).map_err(|source| BpfError::Map {
         map: SERVICES_MAP,
         what: "typing".into(),
-        source,
+        source: Box::new(source),
     })?;
     let backends = HashMap::try_from(Map::HashMap(open(BACKENDS_MAP)?)).map_err(|source| BpfError::Map {
         map: BACKENDS_MAP,
         what: "typing".into(),
-        source,
+        source: Box::new(source),
     })?;
     Ok((services, backends))
+}
+
+/// The pins a running balancer needs that are not there (someone removed them).
+pub fn missing_pins(bpf_root: &Path) -> Vec<PathBuf> {
+    let links = PROGRAMS.iter().map(|p| bpf_root.join(LINKS_DIR).join(p));
+    let maps = SOCK_LB_MAPS.iter().map(|m| bpf_root.join(m));
+    links.chain(maps).filter(|path| !path.exists()).collect()
 }
 
 /// Removes every link and map pinned under `bpf_root` (the programs detach when their

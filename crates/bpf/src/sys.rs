@@ -88,6 +88,26 @@ pub fn current_netns_cookie() -> Result<u64, BpfError> {
     Ok(cookie)
 }
 
+/// Every address of the calling thread's network namespace's interfaces.
+pub fn local_addresses() -> Result<Vec<std::net::IpAddr>, BpfError> {
+    let addresses = nix::ifaddrs::getifaddrs().map_err(|errno| BpfError::Io {
+        what: "listing the node's addresses (getifaddrs)".into(),
+        source: errno.into(),
+    })?;
+    let mut found: Vec<std::net::IpAddr> = addresses
+        .filter_map(|ifaddr| {
+            let address = ifaddr.address?;
+            if let Some(v4) = address.as_sockaddr_in() {
+                return Some(std::net::IpAddr::V4(v4.ip()));
+            }
+            address.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))
+        })
+        .collect();
+    found.sort();
+    found.dedup();
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,14 @@
+//! svcplane's eBPF mode: spells the core's per-node plan as entries of the socket-level
+//! balancer's BPF maps (every frontend, once for the node itself and once for its pods,
+//! leading to an endpoint set, a refusal or a drop) and keeps them in sync by diff against
+//! an in-memory record of what it wrote.
+//!
+//! What it does not do: decide any Service rule (the plan does), or load, pin and attach
+//! programs itself (`svcplane-bpf` does). Traffic from outside the node (tc programs) is not
+//! handled yet: see `docs/backend-ebpf.md`.
+
+pub mod render;
+pub mod sync;
+
+pub use render::{Decision, NodeAddresses, PortEntries, render_all, render_port, render_text};
+pub use sync::{DEFAULT_BPF_ROOT, EbpfBackend, EbpfOptions};

@@ -1,0 +1,203 @@
+//! The plan spelled as socket-balancer map entries: pure, no kernel.
+//!
+//! A socket in the node's cgroup is either the node itself (its network namespace) or a pod
+//! of the node; the plan's routes are evaluated once for each of those two sources, so the
+//! programs only look up (frontend, scope) and pick an endpoint.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+
+use svcplane_bpf::maps::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
+use svcplane_bpf::{Scope, ServiceKey};
+use svcplane_core::{
+    Destination, EndpointSetKind, Frontend, IpFamily, NodePlan, PlanKey, Protocol, ServicePortPlan, SourceMatch,
+    Unrouted,
+};
+
+use ipnet::IpNet;
+
+/// What one frontend does for one scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Decision {
+    /// Balance over this endpoint set.
+    Balance(EndpointSetKind),
+    /// No endpoint at all: connect() fails with ECONNREFUSED.
+    Reject,
+    /// Not for this source: dropped (the caller sees EPERM, as with a local firewall drop).
+    Drop,
+}
+
+/// Every map entry one service port needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortEntries {
+    /// The endpoint sets some frontend balances over.
+    pub sets: BTreeMap<EndpointSetKind, Vec<SocketAddr>>,
+    pub frontends: BTreeMap<ServiceKey, Decision>,
+    /// ClientIP affinity timeout in seconds (0: none).
+    pub affinity_seconds: u32,
+}
+
+/// What the node looks like to the renderer: its own addresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeAddresses {
+    /// Every address of the node's interfaces (NodePorts answer on those the plan allows).
+    pub local: Vec<IpAddr>,
+}
+
+pub fn protocol_number(protocol: Protocol) -> u8 {
+    match protocol {
+        Protocol::Tcp => PROTO_TCP,
+        Protocol::Udp => PROTO_UDP,
+        Protocol::Sctp => PROTO_SCTP,
+    }
+}
+
+fn family_of(ip: &IpAddr) -> IpFamily {
+    IpFamily::of(ip)
+}
+
+/// The node's own source address of a family: the configured node IP, else none known.
+fn node_source(plan: &NodePlan, family: IpFamily) -> Option<IpAddr> {
+    plan.config.node_ips.iter().copied().find(|ip| family_of(ip) == family)
+}
+
+fn cluster_cidrs(plan: &NodePlan, family: IpFamily) -> Vec<IpNet> {
+    plan.config.cluster_cidrs.iter().copied().filter(|c| family_of(&c.addr()) == family).collect()
+}
+
+/// Whether a pod's address (somewhere in the cluster CIDRs) is inside `cidrs`: only if the
+/// cluster CIDRs are known and each lies inside one of `cidrs`.
+fn pod_inside(plan: &NodePlan, family: IpFamily, cidrs: &[IpNet]) -> bool {
+    let pods = cluster_cidrs(plan, family);
+    !pods.is_empty() && pods.iter().all(|pod| cidrs.iter().any(|c| c.contains(pod)))
+}
+
+fn source_inside(plan: &NodePlan, family: IpFamily, scope: Scope, cidrs: &[IpNet]) -> bool {
+    match scope {
+        Scope::Node => node_source(plan, family).is_some_and(|ip| cidrs.iter().any(|c| c.contains(&ip))),
+        Scope::Pod => pod_inside(plan, family, cidrs),
+    }
+}
+
+fn matches(plan: &NodePlan, family: IpFamily, scope: Scope, sources: &SourceMatch) -> bool {
+    match sources {
+        SourceMatch::Any => true,
+        SourceMatch::ThisNode => scope == Scope::Node,
+        SourceMatch::Inside(cidrs) => source_inside(plan, family, scope, cidrs),
+        SourceMatch::Outside(cidrs) => !source_inside(plan, family, scope, cidrs),
+    }
+}
+
+/// The plan's answer for traffic from `scope` to `frontend`.
+pub fn decide(plan: &NodePlan, port: &ServicePortPlan, frontend: &Frontend, scope: Scope) -> Decision {
+    let family = port.family;
+    if !frontend.allowed_sources.is_empty() && !source_inside(plan, family, scope, &frontend.allowed_sources) {
+        return Decision::Drop;
+    }
+    if let Some(route) = frontend.routes.iter().find(|r| matches(plan, family, scope, &r.sources)) {
+        return if port.endpoints(route.endpoints).is_empty() {
+            Decision::Drop
+        } else {
+            Decision::Balance(route.endpoints)
+        };
+    }
+    match frontend.unrouted {
+        Unrouted::Reject => Decision::Reject,
+        Unrouted::Drop | Unrouted::Unreachable => Decision::Drop,
+    }
+}
+
+/// Where a frontend listens on this node.
+pub fn frontend_addresses(plan: &NodePlan, family: IpFamily, frontend: &Frontend, node: &NodeAddresses) -> Vec<IpAddr> {
+    match frontend.destination {
+        Destination::Address(ip) => vec![ip],
+        Destination::NodePortAddresses => {
+            let allowed = plan.node_port_cidrs.get(&family).map(Vec::as_slice).unwrap_or_default();
+            let excluded = plan.node_port_exclusions.get(&family).map(Vec::as_slice).unwrap_or_default();
+            let mut addresses: Vec<IpAddr> = node
+                .local
+                .iter()
+                .copied()
+                .filter(|ip| family_of(ip) == family)
+                .filter(|ip| allowed.iter().any(|c| c.contains(ip)) && !excluded.iter().any(|c| c.contains(ip)))
+                .collect();
+            addresses.sort();
+            addresses.dedup();
+            addresses
+        }
+    }
+}
+
+/// The entries of one service port.
+pub fn render_port(plan: &NodePlan, port: &ServicePortPlan, node: &NodeAddresses) -> PortEntries {
+    let mut entries = PortEntries {
+        affinity_seconds: port.affinity.map_or(0, |a| u32::try_from(a.timeout.as_secs()).unwrap_or(u32::MAX).max(1)),
+        ..PortEntries::default()
+    };
+    let proto = protocol_number(port.protocol);
+    for frontend in &port.frontends {
+        for scope in [Scope::Node, Scope::Pod] {
+            let decision = decide(plan, port, frontend, scope);
+            if let Decision::Balance(set) = decision {
+                entries.sets.entry(set).or_insert_with(|| port.endpoints(set).to_vec());
+            }
+            for ip in frontend_addresses(plan, port.family, frontend, node) {
+                let key = ServiceKey::new(SocketAddr::new(ip, frontend.port), proto, scope);
+                entries.frontends.insert(key, decision);
+            }
+        }
+    }
+    entries
+}
+
+/// Every service port's entries.
+pub fn render_all(plan: &NodePlan, node: &NodeAddresses) -> BTreeMap<PlanKey, PortEntries> {
+    plan.service_ports.iter().map(|(key, port)| (key.clone(), render_port(plan, port, node))).collect()
+}
+
+fn set_name(set: EndpointSetKind) -> &'static str {
+    match set {
+        EndpointSetKind::Cluster => "cluster",
+        EndpointSetKind::Local => "local",
+    }
+}
+
+/// The entries as readable tables: one line per frontend and scope, with its endpoints.
+pub fn render_text(plan: &NodePlan, node: &NodeAddresses) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# svcplane eBPF mode: socket-balancer map entries (frontend, scope -> decision)");
+    let _ = writeln!(
+        out,
+        "# node addresses: {}",
+        node.local.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    );
+    for (key, entries) in render_all(plan, node) {
+        let _ = writeln!(out, "\n{} ({})", key.name, key.family);
+        if entries.affinity_seconds > 0 {
+            let _ = writeln!(out, "  affinity: ClientIP {}s", entries.affinity_seconds);
+        }
+        for (frontend, decision) in &entries.frontends {
+            let what = match decision {
+                Decision::Balance(set) => {
+                    let endpoints = &entries.sets[set];
+                    let list: Vec<String> = endpoints.iter().map(ToString::to_string).collect();
+                    format!("{} [{}]", set_name(*set), list.join(", "))
+                }
+                Decision::Reject => "reject (ECONNREFUSED)".to_owned(),
+                Decision::Drop => "drop".to_owned(),
+            };
+            let scope = match frontend.scope() {
+                Scope::Node => "node",
+                Scope::Pod => "pods",
+            };
+            let _ = writeln!(
+                out,
+                "  {:<48} {:<5} -> {what}",
+                format!("{}/{}", frontend.address(), svcplane_bpf::maps::protocol_name(frontend.proto)),
+                scope
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,366 @@
+//! Keeps the socket balancer's maps in line with the plan: a partial sync rewrites only the
+//! service ports the diff names, against an in-memory record of what was written; a full
+//! sync (first sync, drift, after a failure) adopts whatever the pinned maps hold, writes
+//! everything and removes what the plan no longer has.
+//!
+//! Write order keeps every lookup whole: an endpoint set's slots are written before any
+//! frontend's count grows to cover them, and slots are removed only after every frontend's
+//! count shrank below them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use svcplane_bpf::{
+    BackendKey, BackendValue, BpfError, MapSizes, ServiceFlags, ServiceKey, ServiceValue, SockLb, SockLbOptions,
+};
+use svcplane_core::{Dataplane, DataplaneError, EndpointSetKind, NodePlan, PlanDiff, PlanKey, SyncReport};
+
+use crate::render::{Decision, NodeAddresses, PortEntries, render_port, render_text};
+
+/// How often drift checks may run.
+const DRIFT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Where the eBPF mode pins and attaches, and how big its maps are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EbpfOptions {
+    /// A directory on a bpffs (mounted there if it is not one).
+    pub bpf_root: PathBuf,
+    /// The cgroup v2 directory to attach to; `None`: the cgroup2 mount's root, as on a node.
+    pub cgroup: Option<PathBuf>,
+    pub sizes: MapSizes,
+}
+
+impl Default for EbpfOptions {
+    fn default() -> Self {
+        Self { bpf_root: PathBuf::from(DEFAULT_BPF_ROOT), cgroup: None, sizes: MapSizes::default() }
+    }
+}
+
+/// Where pins live unless `--bpf-root` says otherwise.
+pub const DEFAULT_BPF_ROOT: &str = "/sys/fs/bpf/svcplane";
+
+/// What one service port has in the maps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Written {
+    entries: PortEntries,
+    set_ids: BTreeMap<EndpointSetKind, u32>,
+}
+
+/// svcplane's eBPF mode.
+#[derive(Debug)]
+pub struct EbpfBackend {
+    options: EbpfOptions,
+    lb: Option<SockLb>,
+    record: BTreeMap<PlanKey, Written>,
+    next_set: u32,
+    full_pending: bool,
+    node: NodeAddresses,
+    last_drift_check: Option<Instant>,
+}
+
+impl EbpfBackend {
+    /// Nothing touches the kernel until the first sync.
+    pub fn new(options: EbpfOptions) -> Self {
+        Self {
+            options,
+            lb: None,
+            record: BTreeMap::new(),
+            next_set: 1,
+            full_pending: true,
+            node: NodeAddresses::default(),
+            last_drift_check: None,
+        }
+    }
+
+    pub fn options(&self) -> &EbpfOptions {
+        &self.options
+    }
+
+    fn open(&mut self) -> Result<(), BpfError> {
+        if self.lb.is_some() {
+            return Ok(());
+        }
+        let cgroup = match &self.options.cgroup {
+            Some(path) => path.clone(),
+            None => svcplane_bpf::sys::cgroup2_mount()?,
+        };
+        let options = SockLbOptions { bpf_root: self.options.bpf_root.clone(), cgroup, sizes: self.options.sizes };
+        let cookie = svcplane_bpf::sys::current_netns_cookie()?;
+        self.lb = Some(SockLb::open(&options, cookie)?);
+        Ok(())
+    }
+
+    fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, BpfError> {
+        self.node = NodeAddresses { local: local_addresses()? };
+        let lb = self.lb.as_mut().expect("opened");
+        // Adopt: whatever is in the maps now, from us or an earlier process.
+        let old_services: BTreeSet<ServiceKey> = lb.services.keys().filter_map(Result::ok).collect();
+        let old_backends: BTreeSet<BackendKey> = lb.backends.keys().filter_map(Result::ok).collect();
+        let highest = old_backends
+            .iter()
+            .map(|k| k.backend_set)
+            .chain(lb.services.iter().filter_map(Result::ok).map(|(_, v)| v.backend_set));
+        self.next_set = self.next_set.max(highest.max().unwrap_or(0).saturating_add(1));
+
+        let mut operations = 0;
+        let mut record = BTreeMap::new();
+        let mut wanted_services = BTreeSet::new();
+        let mut wanted_backends = BTreeSet::new();
+        for (key, port) in &plan.service_ports {
+            let entries = render_port(plan, port, &self.node);
+            // Fresh set ids: an id in use by an old entry is never overwritten under it.
+            let set_ids: BTreeMap<EndpointSetKind, u32> = entries
+                .sets
+                .keys()
+                .map(|kind| {
+                    let id = self.next_set;
+                    self.next_set += 1;
+                    (*kind, id)
+                })
+                .collect();
+            let written = Written { entries, set_ids };
+            operations += write_sets(lb, &written, None)?;
+            operations += write_frontends(lb, &written)?;
+            wanted_services.extend(written.entries.frontends.keys().copied());
+            for (kind, id) in &written.set_ids {
+                let count = written.entries.sets[kind].len() as u32;
+                wanted_backends.extend((0..count).map(|slot| BackendKey { backend_set: *id, slot }));
+            }
+            record.insert(key.clone(), written);
+        }
+        for key in old_services.difference(&wanted_services) {
+            remove_service(lb, key)?;
+            operations += 1;
+        }
+        for key in old_backends.difference(&wanted_backends) {
+            remove_backend(lb, key)?;
+            operations += 1;
+        }
+        self.record = record;
+        self.full_pending = false;
+        Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations })
+    }
+
+    fn partial_sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<SyncReport, BpfError> {
+        let lb = self.lb.as_mut().expect("opened");
+        let mut operations = 0;
+        let mut ports = 0;
+        for key in diff.keys() {
+            ports += 1;
+            let old = self.record.get(key).cloned();
+            let Some(port) = plan.service_ports.get(key) else {
+                if let Some(old) = old {
+                    operations += remove_written(lb, &old, None)?;
+                    self.record.remove(key);
+                }
+                continue;
+            };
+            let entries = render_port(plan, port, &self.node);
+            let mut set_ids = BTreeMap::new();
+            for kind in entries.sets.keys() {
+                let id = match old.as_ref().and_then(|o| o.set_ids.get(kind)) {
+                    Some(id) => *id,
+                    None => {
+                        let id = self.next_set;
+                        self.next_set += 1;
+                        id
+                    }
+                };
+                set_ids.insert(*kind, id);
+            }
+            let written = Written { entries, set_ids };
+            operations += write_sets(lb, &written, old.as_ref())?;
+            operations += write_frontends(lb, &written)?;
+            if let Some(old) = &old {
+                operations += remove_written(lb, old, Some(&written))?;
+            }
+            self.record.insert(key.clone(), written);
+        }
+        Ok(SyncReport { full: false, service_ports: ports, operations })
+    }
+}
+
+/// Writes the endpoint slots of `written`'s sets, skipping slots `old` already holds alike.
+fn write_sets(lb: &mut SockLb, written: &Written, old: Option<&Written>) -> Result<usize, BpfError> {
+    let mut operations = 0;
+    for (kind, endpoints) in &written.entries.sets {
+        let id = written.set_ids[kind];
+        let before = old
+            .filter(|o| o.set_ids.get(kind) == Some(&id))
+            .and_then(|o| o.entries.sets.get(kind))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for (slot, endpoint) in endpoints.iter().enumerate() {
+            if before.get(slot) == Some(endpoint) {
+                continue;
+            }
+            insert_backend(lb, BackendKey { backend_set: id, slot: slot as u32 }, *endpoint)?;
+            operations += 1;
+        }
+    }
+    Ok(operations)
+}
+
+fn service_value(written: &Written, decision: Decision) -> ServiceValue {
+    let affinity = if written.entries.affinity_seconds > 0 { ServiceFlags::AFFINITY } else { 0 };
+    match decision {
+        Decision::Balance(kind) => ServiceValue {
+            backend_set: written.set_ids[&kind],
+            count: written.entries.sets[&kind].len() as u32,
+            flags: affinity,
+            affinity_timeout: written.entries.affinity_seconds,
+        },
+        Decision::Reject => ServiceValue { flags: ServiceFlags::REJECT, ..ServiceValue::default() },
+        Decision::Drop => ServiceValue { flags: ServiceFlags::DROP, ..ServiceValue::default() },
+    }
+}
+
+fn write_frontends(lb: &mut SockLb, written: &Written) -> Result<usize, BpfError> {
+    for (key, decision) in &written.entries.frontends {
+        let value = service_value(written, *decision);
+        lb.services
+            .insert(*key, value, 0)
+            .map_err(|source| map_error(svcplane_bpf::maps::SERVICES_MAP, lb.sizes.services, *key, source))?;
+    }
+    Ok(written.entries.frontends.len())
+}
+
+/// Removes what `old` wrote that `new` (if any) no longer has: frontends first, then slots.
+fn remove_written(lb: &mut SockLb, old: &Written, new: Option<&Written>) -> Result<usize, BpfError> {
+    let mut operations = 0;
+    for key in old.entries.frontends.keys() {
+        if new.is_some_and(|n| n.entries.frontends.contains_key(key)) {
+            continue;
+        }
+        remove_service(lb, key)?;
+        operations += 1;
+    }
+    for (kind, endpoints) in &old.entries.sets {
+        let id = old.set_ids[kind];
+        let keep =
+            new.filter(|n| n.set_ids.get(kind) == Some(&id)).and_then(|n| n.entries.sets.get(kind)).map_or(0, Vec::len);
+        for slot in keep..endpoints.len() {
+            remove_backend(lb, &BackendKey { backend_set: id, slot: slot as u32 })?;
+            operations += 1;
+        }
+    }
+    Ok(operations)
+}
+
+fn insert_backend(lb: &mut SockLb, key: BackendKey, endpoint: SocketAddr) -> Result<(), BpfError> {
+    lb.backends.insert(key, BackendValue::new(endpoint), 0).map_err(|source| {
+        map_error(svcplane_bpf::maps::BACKENDS_MAP, lb.sizes.backends, format!("{key:?} -> {endpoint}"), source)
+    })
+}
+
+fn remove_service(lb: &mut SockLb, key: &ServiceKey) -> Result<(), BpfError> {
+    match lb.services.remove(key) {
+        Ok(()) => Ok(()),
+        Err(error) if is_not_found(&error) => Ok(()),
+        Err(source) => Err(BpfError::Map {
+            map: svcplane_bpf::maps::SERVICES_MAP,
+            what: format!("removing {key:?}"),
+            source: Box::new(source),
+        }),
+    }
+}
+
+fn remove_backend(lb: &mut SockLb, key: &BackendKey) -> Result<(), BpfError> {
+    match lb.backends.remove(key) {
+        Ok(()) => Ok(()),
+        Err(error) if is_not_found(&error) => Ok(()),
+        Err(source) => Err(BpfError::Map {
+            map: svcplane_bpf::maps::BACKENDS_MAP,
+            what: format!("removing {key:?}"),
+            source: Box::new(source),
+        }),
+    }
+}
+
+fn os_error(error: &svcplane_bpf::maps::MapError) -> Option<i32> {
+    match error {
+        svcplane_bpf::maps::MapError::SyscallError(e) => e.io_error.raw_os_error(),
+        _ => None,
+    }
+}
+
+fn is_not_found(error: &svcplane_bpf::maps::MapError) -> bool {
+    matches!(error, svcplane_bpf::maps::MapError::KeyNotFound) || os_error(error) == Some(2)
+}
+
+/// A failed insert: a full map is named as such (E2BIG from a full hash map).
+fn map_error(
+    map: &'static str,
+    capacity: u32,
+    what: impl std::fmt::Debug,
+    source: svcplane_bpf::maps::MapError,
+) -> BpfError {
+    if os_error(&source) == Some(7) {
+        return BpfError::MapFull { map, capacity };
+    }
+    BpfError::Map { map, what: format!("writing {what:?}"), source: Box::new(source) }
+}
+
+/// Every address of the node's interfaces.
+fn local_addresses() -> Result<Vec<IpAddr>, BpfError> {
+    svcplane_bpf::sys::local_addresses()
+}
+
+impl Dataplane for EbpfBackend {
+    fn mode(&self) -> &'static str {
+        "ebpf"
+    }
+
+    fn sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<SyncReport, DataplaneError> {
+        self.open()?;
+        let result = if self.full_pending { self.full_sync(plan) } else { self.partial_sync(plan, diff) };
+        if result.is_err() {
+            // The record may no longer say what the maps hold.
+            self.full_pending = true;
+        }
+        Ok(result?)
+    }
+
+    fn request_full_resync(&mut self) {
+        self.full_pending = true;
+    }
+
+    fn detect_drift(&mut self) -> Option<String> {
+        if self.lb.is_none() || self.full_pending {
+            return None;
+        }
+        if self.last_drift_check.is_some_and(|at| at.elapsed() < DRIFT_INTERVAL) {
+            return None;
+        }
+        self.last_drift_check = Some(Instant::now());
+        if let Some(missing) = svcplane_bpf::sock_lb::missing_pins(&self.options.bpf_root).into_iter().next() {
+            // Re-open so the links are attached again.
+            self.lb = None;
+            return Some(format!("{} is gone", missing.display()));
+        }
+        match local_addresses() {
+            Ok(local) if local != self.node.local => {
+                return Some(format!("the node's addresses changed to {local:?}"));
+            }
+            _ => {}
+        }
+        let expected: usize = self.record.values().map(|w| w.entries.frontends.len()).sum();
+        let lb = self.lb.as_ref().expect("opened");
+        let found = lb.services.keys().count();
+        (found != expected).then(|| format!("the services map holds {found} entries, svcplane wrote {expected}"))
+    }
+
+    fn render(&self, plan: &NodePlan) -> Result<String, DataplaneError> {
+        let node = NodeAddresses { local: local_addresses().unwrap_or_else(|_| plan.config.node_ips.clone()) };
+        Ok(render_text(plan, &node))
+    }
+
+    fn cleanup(&mut self) -> Result<bool, DataplaneError> {
+        self.lb = None;
+        self.record.clear();
+        self.full_pending = true;
+        Ok(svcplane_bpf::cleanup(&self.options.bpf_root)?)
+    }
+}
