@@ -22,6 +22,8 @@ const NFTABLES: Backend = Backend {
     proxy_args: &["--mode", "nftables"],
     diagnostics: &[&["nft", "list", "ruleset"]],
     ruleset: &["nft", "list", "ruleset"],
+    not_applicable: scenarios::cluster::every_row_applies,
+    node_cgroups: false,
 };
 
 const IPTABLES_LEGACY: Backend = Backend {
@@ -29,6 +31,8 @@ const IPTABLES_LEGACY: Backend = Backend {
     proxy_args: &["--mode", "iptables", "--iptables-backend", "legacy"],
     diagnostics: &[&["iptables-legacy-save"]],
     ruleset: &["iptables-legacy-save"],
+    not_applicable: scenarios::cluster::every_row_applies,
+    node_cgroups: false,
 };
 
 /// One load per frontend and protocol, from where that frontend is used.

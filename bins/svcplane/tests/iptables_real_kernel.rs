@@ -24,6 +24,8 @@ const LEGACY: Backend = Backend {
     proxy_args: &["--mode", "iptables", "--iptables-backend", "legacy"],
     diagnostics: &[&["iptables-legacy-save"], &["ip6tables-legacy-save"]],
     ruleset: &["sh", "-c", "iptables-legacy-save && ip6tables-legacy-save"],
+    not_applicable: scenarios::cluster::every_row_applies,
+    node_cgroups: false,
 };
 
 const NFT: Backend = Backend {
@@ -31,6 +33,8 @@ const NFT: Backend = Backend {
     proxy_args: &["--mode", "iptables", "--iptables-backend", "nft"],
     diagnostics: &[&["iptables-nft-save"], &["ip6tables-nft-save"]],
     ruleset: &["sh", "-c", "iptables-nft-save && ip6tables-nft-save"],
+    not_applicable: scenarios::cluster::every_row_applies,
+    node_cgroups: false,
 };
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);

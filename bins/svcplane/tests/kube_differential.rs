@@ -361,6 +361,7 @@ fn observe(side: &Side, row: &Scenario) -> Seen {
                 return match failure {
                     Failure::Refused => Seen::Refused,
                     Failure::TimedOut => Seen::Silent,
+                    Failure::DroppedLocally => Seen::Refused,
                     Failure::Other(error) if error.contains("Operation not permitted") => Seen::Refused,
                     Failure::Other(error) => Seen::Failed(error),
                 };

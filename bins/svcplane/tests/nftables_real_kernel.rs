@@ -20,6 +20,8 @@ const NFTABLES: Backend = Backend {
     proxy_args: &["--mode", "nftables"],
     diagnostics: &[&["nft", "list", "ruleset"]],
     ruleset: &["nft", "list", "ruleset"],
+    not_applicable: scenarios::cluster::every_row_applies,
+    node_cgroups: false,
 };
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);

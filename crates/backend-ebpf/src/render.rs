@@ -36,6 +36,9 @@ pub struct PortEntries {
     pub frontends: BTreeMap<ServiceKey, Decision>,
     /// ClientIP affinity timeout in seconds (0: none).
     pub affinity_seconds: u32,
+    /// Every endpoint still serving (ready or terminating): UDP flows already on one of
+    /// these stay there.
+    pub serving: Vec<SocketAddr>,
 }
 
 /// What the node looks like to the renderer: its own addresses.
@@ -136,6 +139,7 @@ pub fn render_port(plan: &NodePlan, port: &ServicePortPlan, node: &NodeAddresses
         ..PortEntries::default()
     };
     let proto = protocol_number(port.protocol);
+    entries.serving = port.serving_endpoints.clone();
     for frontend in &port.frontends {
         for scope in [Scope::Node, Scope::Pod] {
             let decision = decide(plan, port, frontend, scope);

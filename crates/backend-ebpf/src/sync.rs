@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use svcplane_bpf::{
-    BackendKey, BackendValue, BpfError, MapSizes, ServiceFlags, ServiceKey, ServiceValue, SockLb, SockLbOptions,
+    BackendKey, BackendValue, BpfError, LiveKey, MapSizes, ServiceFlags, ServiceKey, ServiceValue, SockLb,
+    SockLbOptions,
 };
 use svcplane_core::{Dataplane, DataplaneError, EndpointSetKind, NodePlan, PlanDiff, PlanKey, SyncReport};
 
@@ -46,6 +47,14 @@ pub const DEFAULT_BPF_ROOT: &str = "/sys/fs/bpf/svcplane";
 struct Written {
     entries: PortEntries,
     set_ids: BTreeMap<EndpointSetKind, u32>,
+    /// The id of the service port in `svcplane_live` (from the same counter as set ids).
+    port_id: u32,
+}
+
+impl Written {
+    fn live_keys(&self) -> impl Iterator<Item = LiveKey> + '_ {
+        self.entries.serving.iter().map(|endpoint| LiveKey::new(self.port_id, *endpoint))
+    }
 }
 
 /// svcplane's eBPF mode.
@@ -98,10 +107,12 @@ impl EbpfBackend {
         // Adopt: whatever is in the maps now, from us or an earlier process.
         let old_services: BTreeSet<ServiceKey> = lb.services.keys().filter_map(Result::ok).collect();
         let old_backends: BTreeSet<BackendKey> = lb.backends.keys().filter_map(Result::ok).collect();
+        let old_live: BTreeSet<LiveKey> = lb.live.keys().filter_map(Result::ok).collect();
         let highest = old_backends
             .iter()
             .map(|k| k.backend_set)
-            .chain(lb.services.iter().filter_map(Result::ok).map(|(_, v)| v.backend_set));
+            .chain(lb.services.iter().filter_map(Result::ok).map(|(_, v)| v.backend_set.max(v.port_id)))
+            .chain(old_live.iter().map(|k| k.port_id));
         self.next_set = self.next_set.max(highest.max().unwrap_or(0).saturating_add(1));
 
         let mut operations = 0;
@@ -120,7 +131,13 @@ impl EbpfBackend {
                     (*kind, id)
                 })
                 .collect();
-            let written = Written { entries, set_ids };
+            let port_id = self.next_set;
+            self.next_set += 1;
+            let written = Written { entries, set_ids, port_id };
+            for live in written.live_keys() {
+                insert_live(lb, live)?;
+                operations += 1;
+            }
             operations += write_sets(lb, &written, None)?;
             operations += write_frontends(lb, &written)?;
             wanted_services.extend(written.entries.frontends.keys().copied());
@@ -129,6 +146,11 @@ impl EbpfBackend {
                 wanted_backends.extend((0..count).map(|slot| BackendKey { backend_set: *id, slot }));
             }
             record.insert(key.clone(), written);
+        }
+        let wanted_live: BTreeSet<LiveKey> = record.values().flat_map(Written::live_keys).collect();
+        for key in old_live.difference(&wanted_live) {
+            remove_live(lb, key)?;
+            operations += 1;
         }
         for key in old_services.difference(&wanted_services) {
             remove_service(lb, key)?;
@@ -153,6 +175,10 @@ impl EbpfBackend {
             let Some(port) = plan.service_ports.get(key) else {
                 if let Some(old) = old {
                     operations += remove_written(lb, &old, None)?;
+                    for live in old.live_keys() {
+                        remove_live(lb, &live)?;
+                        operations += 1;
+                    }
                     self.record.remove(key);
                 }
                 continue;
@@ -170,11 +196,29 @@ impl EbpfBackend {
                 };
                 set_ids.insert(*kind, id);
             }
-            let written = Written { entries, set_ids };
+            let port_id = old.as_ref().map_or_else(
+                || {
+                    let id = self.next_set;
+                    self.next_set += 1;
+                    id
+                },
+                |o| o.port_id,
+            );
+            let written = Written { entries, set_ids, port_id };
+            let old_live: BTreeSet<LiveKey> = old.iter().flat_map(Written::live_keys).collect();
+            let new_live: BTreeSet<LiveKey> = written.live_keys().collect();
+            for live in new_live.difference(&old_live) {
+                insert_live(lb, *live)?;
+                operations += 1;
+            }
             operations += write_sets(lb, &written, old.as_ref())?;
             operations += write_frontends(lb, &written)?;
             if let Some(old) = &old {
                 operations += remove_written(lb, old, Some(&written))?;
+            }
+            for live in old_live.difference(&new_live) {
+                remove_live(lb, live)?;
+                operations += 1;
             }
             self.record.insert(key.clone(), written);
         }
@@ -211,9 +255,14 @@ fn service_value(written: &Written, decision: Decision) -> ServiceValue {
             count: written.entries.sets[&kind].len() as u32,
             flags: affinity,
             affinity_timeout: written.entries.affinity_seconds,
+            port_id: written.port_id,
         },
-        Decision::Reject => ServiceValue { flags: ServiceFlags::REJECT, ..ServiceValue::default() },
-        Decision::Drop => ServiceValue { flags: ServiceFlags::DROP, ..ServiceValue::default() },
+        Decision::Reject => {
+            ServiceValue { flags: ServiceFlags::REJECT, port_id: written.port_id, ..ServiceValue::default() }
+        }
+        Decision::Drop => {
+            ServiceValue { flags: ServiceFlags::DROP, port_id: written.port_id, ..ServiceValue::default() }
+        }
     }
 }
 
@@ -247,6 +296,22 @@ fn remove_written(lb: &mut SockLb, old: &Written, new: Option<&Written>) -> Resu
         }
     }
     Ok(operations)
+}
+
+fn insert_live(lb: &mut SockLb, key: LiveKey) -> Result<(), BpfError> {
+    lb.live.insert(key, 1, 0).map_err(|source| map_error(svcplane_bpf::maps::LIVE_MAP, lb.sizes.backends, key, source))
+}
+
+fn remove_live(lb: &mut SockLb, key: &LiveKey) -> Result<(), BpfError> {
+    match lb.live.remove(key) {
+        Ok(()) => Ok(()),
+        Err(error) if is_not_found(&error) => Ok(()),
+        Err(source) => Err(BpfError::Map {
+            map: svcplane_bpf::maps::LIVE_MAP,
+            what: format!("removing {key:?}"),
+            source: Box::new(source),
+        }),
+    }
 }
 
 fn insert_backend(lb: &mut SockLb, key: BackendKey, endpoint: SocketAddr) -> Result<(), BpfError> {

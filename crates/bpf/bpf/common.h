@@ -37,6 +37,9 @@ struct svc_value {
 	__u32 count;
 	__u32 flags;
 	__u32 affinity_timeout;
+	/* The service port this frontend belongs to (one id per service port and family):
+	 * UDP flows stay on an endpoint while (port_id, endpoint) is in svcplane_live. */
+	__u32 port_id;
 };
 
 struct backend_key {

@@ -9,6 +9,51 @@
 char _license[] SEC("license") = "Dual BSD/GPL";
 
 #define NS_PER_SEC 1000000000ULL
+#define PROTO_UDP_NUMBER 17
+
+/* A UDP flow (the client's network namespace and local port, to one frontend) stays on its
+ * endpoint while it is used at least this often and the endpoint is still serving, as a
+ * conntrack entry would keep it (the kernel's default UDP timeout is 30 s). */
+#define UDP_FLOW_IDLE_NS (30ULL * NS_PER_SEC)
+
+/* Every endpoint still serving (ready or terminating) of each service port: a flow may stay
+ * on these and only these. */
+struct live_key {
+	__u32 port_id;
+	__u8 addr[16];
+	__u16 port;
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct live_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_live SEC(".maps");
+
+struct udp_flow_key {
+	__u64 netns;
+	struct svc_key service;
+	__u16 local_port;
+	__u16 pad; /* 32 bytes, no implicit padding: every byte of a hash key counts */
+};
+
+struct udp_flow_value {
+	__u64 last_used_ns;
+	struct backend_value backend;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct udp_flow_key);
+	__type(value, struct udp_flow_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_udp_flows SEC(".maps");
 
 /* Outcomes of a lookup. */
 #define LB_PASS 0    /* not a Service: leave the address alone */
@@ -80,6 +125,48 @@ static __always_inline int pick(struct bpf_sock_addr *ctx, struct svc_key *key, 
 	return LB_REWRITE;
 }
 
+static __always_inline int still_serving(const struct backend_value *backend, __u32 port_id)
+{
+	struct live_key key;
+	__builtin_memset(&key, 0, sizeof(key));
+	key.port_id = port_id;
+	key.port = backend->port;
+	__builtin_memcpy(key.addr, backend->addr, 16);
+	return bpf_map_lookup_elem(&svcplane_live, &key) != NULL;
+}
+
+/* pick(), but a UDP socket bound to a port keeps the endpoint its earlier datagrams from
+ * that port went to, as long as the endpoint still serves: the flow a conntrack entry
+ * would keep in the other modes. */
+static __always_inline int pick_flow(struct bpf_sock_addr *ctx, struct svc_key *key, struct backend_value *out)
+{
+	struct bpf_sock *sk = ctx->sk;
+	__u32 local_port = sk ? sk->src_port : 0;
+	if (key->proto != PROTO_UDP_NUMBER || local_port == 0)
+		return pick(ctx, key, out);
+	struct svc_value *svc = bpf_map_lookup_elem(&svcplane_services, key);
+	if (!svc || (svc->flags & (SVC_F_REJECT | SVC_F_DROP)))
+		return pick(ctx, key, out);
+	struct udp_flow_key fkey;
+	__builtin_memset(&fkey, 0, sizeof(fkey));
+	fkey.netns = bpf_get_netns_cookie(ctx);
+	fkey.service = *key;
+	fkey.local_port = (__u16)local_port;
+	__u64 now = bpf_ktime_get_ns();
+	struct udp_flow_value *flow = bpf_map_lookup_elem(&svcplane_udp_flows, &fkey);
+	if (flow && now - flow->last_used_ns <= UDP_FLOW_IDLE_NS && still_serving(&flow->backend, svc->port_id)) {
+		flow->last_used_ns = now;
+		*out = flow->backend;
+		return LB_REWRITE;
+	}
+	int verdict = pick(ctx, key, out);
+	if (verdict == LB_REWRITE) {
+		struct udp_flow_value fresh = { .last_used_ns = now, .backend = *out };
+		bpf_map_update_elem(&svcplane_udp_flows, &fkey, &fresh, BPF_ANY);
+	}
+	return verdict;
+}
+
 static __always_inline void remember(struct bpf_sock_addr *ctx, const struct backend_value *backend,
 				     const struct svc_key *service)
 {
@@ -123,7 +210,7 @@ static __always_inline int balance4(struct bpf_sock_addr *ctx)
 	key4(&key, ctx->user_ip4, (__u16)ctx->user_port);
 	key.scope = scope_of(ctx);
 	struct backend_value backend;
-	switch (pick(ctx, &key, &backend)) {
+	switch (pick_flow(ctx, &key, &backend)) {
 	case LB_PASS:
 		return 1;
 	case LB_REFUSE:
@@ -146,7 +233,7 @@ static __always_inline int balance6(struct bpf_sock_addr *ctx)
 	key6(&key, ctx);
 	key.scope = scope_of(ctx);
 	struct backend_value backend;
-	switch (pick(ctx, &key, &backend)) {
+	switch (pick_flow(ctx, &key, &backend)) {
 	case LB_PASS:
 		return 1;
 	case LB_REFUSE:

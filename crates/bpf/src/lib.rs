@@ -14,8 +14,8 @@ pub mod sys;
 
 pub use error::BpfError;
 pub use maps::{
-    AffinityKey, AffinityValue, BackendKey, BackendValue, Config, RevKey, RevValue, Scope, ServiceFlags, ServiceKey,
-    ServiceValue,
+    AffinityKey, AffinityValue, BackendKey, BackendValue, Config, LiveKey, RevKey, RevValue, Scope, ServiceFlags,
+    ServiceKey, ServiceValue,
 };
 pub use sock_lb::{MapSizes, SockLb, SockLbOptions, cleanup};
 

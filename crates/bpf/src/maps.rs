@@ -15,8 +15,11 @@ pub const BACKENDS_MAP: &str = "svcplane_backends";
 pub const REV_SOCK_MAP: &str = "svcplane_rev_sock";
 pub const AFFINITY_MAP: &str = "svcplane_affinity";
 pub const CONFIG_MAP: &str = "svcplane_config";
+pub const LIVE_MAP: &str = "svcplane_live";
+pub const UDP_FLOWS_MAP: &str = "svcplane_udp_flows";
 /// Every map of the socket-level balancer.
-pub const SOCK_LB_MAPS: [&str; 5] = [SERVICES_MAP, BACKENDS_MAP, REV_SOCK_MAP, AFFINITY_MAP, CONFIG_MAP];
+pub const SOCK_LB_MAPS: [&str; 7] =
+    [SERVICES_MAP, BACKENDS_MAP, REV_SOCK_MAP, AFFINITY_MAP, CONFIG_MAP, LIVE_MAP, UDP_FLOWS_MAP];
 
 /// IP protocol numbers as the programs see them.
 pub const PROTO_TCP: u8 = 6;
@@ -120,6 +123,8 @@ pub struct ServiceValue {
     pub count: u32,
     pub flags: u32,
     pub affinity_timeout: u32,
+    /// The service port the frontend belongs to (for [`LiveKey`]).
+    pub port_id: u32,
 }
 
 /// One slot of a backend set.
@@ -192,6 +197,23 @@ pub struct AffinityValue {
     pub tail: u32,
 }
 
+/// An endpoint that still serves (ready or terminating) a service port: UDP flows of that
+/// port may stay on it (`svcplane_live`, defined in `sock_lb.c`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct LiveKey {
+    pub port_id: u32,
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub pad: u16,
+}
+
+impl LiveKey {
+    pub fn new(port_id: u32, address: SocketAddr) -> Self {
+        Self { port_id, addr: address_bytes(address.ip()), port: port_net(address.port()), pad: 0 }
+    }
+}
+
 /// Node-wide settings the programs read.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -202,7 +224,7 @@ pub struct Config {
 // A layout change in `common.h` that is not mirrored here fails the build.
 const _: () = {
     assert!(size_of::<ServiceKey>() == 20);
-    assert!(size_of::<ServiceValue>() == 16);
+    assert!(size_of::<ServiceValue>() == 20);
     assert!(size_of::<BackendKey>() == 8);
     assert!(size_of::<BackendValue>() == 20);
     assert!(size_of::<RevKey>() == 32);
@@ -210,6 +232,7 @@ const _: () = {
     assert!(size_of::<AffinityKey>() == 16);
     assert!(size_of::<AffinityValue>() == 32);
     assert!(size_of::<Config>() == 8);
+    assert!(size_of::<LiveKey>() == 24);
 };
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 #![allow(unsafe_code)]
 
 use crate::maps::{
-    AffinityKey, AffinityValue, BackendKey, BackendValue, Config, RevKey, RevValue, ServiceKey, ServiceValue,
+    AffinityKey, AffinityValue, BackendKey, BackendValue, Config, LiveKey, RevKey, RevValue, ServiceKey, ServiceValue,
 };
 
 // SAFETY: see the module comment: repr(C), integer fields only, no implicit padding.
@@ -29,3 +29,5 @@ unsafe impl aya::Pod for AffinityKey {}
 unsafe impl aya::Pod for AffinityValue {}
 // SAFETY: as above.
 unsafe impl aya::Pod for Config {}
+// SAFETY: as above.
+unsafe impl aya::Pod for LiveKey {}

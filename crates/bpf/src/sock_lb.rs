@@ -13,8 +13,8 @@ use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
 use crate::maps::{
-    AFFINITY_MAP, AffinityKey, AffinityValue, BACKENDS_MAP, BackendKey, BackendValue, CONFIG_MAP, Config, REV_SOCK_MAP,
-    RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue,
+    AFFINITY_MAP, AffinityKey, AffinityValue, BACKENDS_MAP, BackendKey, BackendValue, CONFIG_MAP, Config, LIVE_MAP,
+    LiveKey, REV_SOCK_MAP, RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue,
 };
 use crate::{BpfError, SOCK_LB_OBJECT, sys};
 
@@ -66,6 +66,8 @@ pub struct SockLb {
     pub backends: BackendsMap,
     pub affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     pub reverse: HashMap<MapData, RevKey, RevValue>,
+    /// Endpoints UDP flows may stay on (value unused, 1).
+    pub live: HashMap<MapData, LiveKey, u32>,
     pub sizes: MapSizes,
     /// Whether programs were already linked by an earlier process (adopted, not attached).
     pub adopted: bool,
@@ -119,6 +121,7 @@ impl SockLb {
             backends: typed(&mut ebpf, BACKENDS_MAP)?,
             affinity: typed(&mut ebpf, AFFINITY_MAP)?,
             reverse: typed(&mut ebpf, REV_SOCK_MAP)?,
+            live: typed(&mut ebpf, LIVE_MAP)?,
             sizes,
             adopted,
         })

@@ -101,7 +101,7 @@ fn insert_service(lb: &mut SockLb, frontend: &str, proto: u8, set: u32, backends
         lb.backends.insert(key, BackendValue::new(*backend), 0).expect("backend insert");
     }
     let key = ServiceKey::new(frontend.parse().unwrap(), proto, Scope::Pod);
-    let value = ServiceValue { backend_set: set, count: backends.len() as u32, flags, affinity_timeout: 0 };
+    let value = ServiceValue { backend_set: set, count: backends.len() as u32, flags, affinity_timeout: 0, port_id: 0 };
     lb.services.insert(key, value, 0).expect("service insert");
 }
 

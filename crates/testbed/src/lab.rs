@@ -26,8 +26,9 @@ use crate::address_plan::{
     self, LOAD_BALANCER_V4, LOAD_BALANCER_V6, MAX_CLIENTS, MAX_NODES, MAX_PODS_PER_NODE, POD_GATEWAY_V4,
     POD_GATEWAY_V6, POD_V4, POD_V6, SERVICE_V4, SERVICE_V6,
 };
+use crate::cgroup::{CgroupError, NodeCgroups};
 use crate::command::{RunFailure, describe, run_bounded, wait_bounded};
-use crate::namespace::{NamespaceError, kill_processes_in, list_namespaces, run_in_namespace};
+use crate::namespace::{NamespaceError, kill_processes_in, list_namespaces, run_in_namespace, run_in_namespace_within};
 use crate::prefix::{PrefixLock, prefix_of};
 use crate::probe::{self, EchoReply, ProbeError};
 
@@ -44,6 +45,12 @@ pub enum LabError {
     /// Labs need root (network namespaces, links, routes).
     #[error("building a lab needs root; running as uid {uid}")]
     NotRoot { uid: u32 },
+    /// The node cgroups could not be made.
+    #[error("making the lab's node cgroups: {source}")]
+    Cgroup {
+        #[source]
+        source: CgroupError,
+    },
     /// The requested topology does not fit the address plan.
     #[error("invalid lab layout: {reason}")]
     InvalidLayout { reason: String },
@@ -264,6 +271,7 @@ pub struct LabBuilder {
     pods_per_node: u16,
     named_pods: Vec<(u16, String)>,
     clients: u16,
+    node_cgroups: bool,
 }
 
 impl LabBuilder {
@@ -283,6 +291,13 @@ impl LabBuilder {
     /// `pods_per_node` ones).
     pub fn pod(mut self, node: u16, name: impl Into<String>) -> Self {
         self.named_pods.push((node, name.into()));
+        self
+    }
+
+    /// A cgroup per node (see [`crate::cgroup`]) holding the probe threads of the node and
+    /// of its pods, for dataplanes that attach to a cgroup (default: none).
+    pub fn node_cgroups(mut self, enabled: bool) -> Self {
+        self.node_cgroups = enabled;
         self
     }
 
@@ -343,7 +358,14 @@ impl LabBuilder {
             clients,
             children: Mutex::new(Vec::new()),
             torn_down: false,
+            node_cgroups: None,
         };
+        let mut lab = lab;
+        if self.node_cgroups {
+            let cgroups = NodeCgroups::create(&lab.prefix, lab.nodes.iter().map(|n| n.index))
+                .map_err(|source| LabError::Cgroup { source })?;
+            lab.node_cgroups = Some(cgroups);
+        }
         lab.wire()?;
         lab.route_service_ranges_on_nodes()?;
         Ok(lab)
@@ -409,12 +431,13 @@ pub struct Lab {
     clients: Vec<Client>,
     children: Mutex<Vec<TrackedChild>>,
     torn_down: bool,
+    node_cgroups: Option<NodeCgroups>,
 }
 
 impl Lab {
     /// A builder for two nodes, no pods and no clients.
     pub fn builder() -> LabBuilder {
-        LabBuilder { nodes: 2, pods_per_node: 0, named_pods: Vec::new(), clients: 0 }
+        LabBuilder { nodes: 2, pods_per_node: 0, named_pods: Vec::new(), clients: 0, node_cgroups: false }
     }
 
     /// The name prefix of every namespace of this lab (`sp` + 4 hex digits).
@@ -605,7 +628,7 @@ impl Lab {
     /// A TCP probe from inside `namespace` (see [`probe::tcp_request`]).
     pub fn tcp_request(&self, namespace: &str, addr: SocketAddr, timeout: Duration) -> Result<EchoReply, ProbeError> {
         self.check_probe(namespace, addr)?;
-        probe::tcp_request_in(namespace, addr, timeout)
+        probe::tcp_request_within(namespace, self.cgroup_of(namespace), addr, timeout)
     }
 
     /// A UDP probe from inside `namespace` (see [`probe::udp_request`]).
@@ -617,13 +640,31 @@ impl Lab {
         source_port: Option<u16>,
     ) -> Result<EchoReply, ProbeError> {
         self.check_probe(namespace, addr)?;
-        probe::udp_request_in(namespace, addr, timeout, source_port)
+        probe::udp_request_within(namespace, self.cgroup_of(namespace), addr, timeout, source_port)
     }
 
     /// Runs `work` on a thread inside `namespace` (see [`crate::run_in_namespace`]).
     pub fn run_in<T: Send, F: FnOnce() -> T + Send>(&self, namespace: &str, work: F) -> Result<T, LabError> {
         self.check_namespace(namespace)?;
-        Ok(run_in_namespace(namespace, work)?)
+        Ok(run_in_namespace_within(namespace, self.cgroup_of(namespace), work)?)
+    }
+
+    /// The cgroup of a node (with [`LabBuilder::node_cgroups`]).
+    pub fn node_cgroup(&self, node: u16) -> Option<&Path> {
+        self.node_cgroups.as_ref()?.path(node)
+    }
+
+    /// The cgroup threads working in `namespace` join: its node's, for the node and its
+    /// pods; none for the LAN and external clients.
+    fn cgroup_of(&self, namespace: &str) -> Option<&Path> {
+        let cgroups = self.node_cgroups.as_ref()?;
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.namespace == namespace)
+            .map(|n| n.index)
+            .or_else(|| self.pods.iter().find(|p| p.namespace == namespace).map(|p| p.node))?;
+        cgroups.path(node)
     }
 
     /// Tears the lab down now and reports namespaces that could not be removed. Dropping
@@ -648,6 +689,11 @@ impl Lab {
             }
         }
         remove_namespaces(&self.namespaces);
+        if let Some(mut cgroups) = self.node_cgroups.take()
+            && let Err(error) = cgroups.remove()
+        {
+            eprintln!("svcplane-testbed: {error}");
+        }
         let mut left: Vec<String> =
             list_namespaces().into_iter().filter(|name| prefix_of(name) == Some(self.prefix.as_str())).collect();
         if !left.is_empty() {

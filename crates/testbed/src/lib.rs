@@ -18,6 +18,7 @@
 //! ([`address_plan`], reply parsing).
 
 pub mod address_plan;
+pub mod cgroup;
 mod command;
 pub mod echo;
 mod lab;
@@ -31,7 +32,7 @@ pub use lab::{
     Client, DEFAULT_COMMAND_TIMEOUT, ECHO_START_TIMEOUT, Lab, LabBuilder, LabError, Node, OUTSIDE_INTERFACE, Pod,
 };
 pub use load::{Load, LoadReport, LoadSpec};
-pub use namespace::{NamespaceError, run_in_namespace};
+pub use namespace::{NamespaceError, run_in_namespace, run_in_namespace_within};
 pub use probe::{
     EchoReply, ProbeError, ProbeErrorKind, Protocol, tcp_request, tcp_request_in, udp_request, udp_request_in,
 };

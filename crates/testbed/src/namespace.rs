@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::thread;
 
 use nix::sched::{CloneFlags, setns};
@@ -31,6 +31,13 @@ pub enum NamespaceError {
         #[source]
         source: nix::errno::Errno,
     },
+    /// The thread could not join the node's cgroup.
+    #[error("joining the cgroup of namespace {namespace:?}: {source}")]
+    Cgroup {
+        namespace: String,
+        #[source]
+        source: crate::cgroup::CgroupError,
+    },
 }
 
 /// The path of a named namespace.
@@ -48,12 +55,26 @@ where
     F: FnOnce() -> T + Send,
     T: Send,
 {
+    run_in_namespace_within(namespace, None, work)
+}
+
+/// [`run_in_namespace`], the thread first joining `cgroup` (a node's cgroup, see
+/// [`crate::cgroup`]) when one is given.
+pub fn run_in_namespace_within<T, F>(namespace: &str, cgroup: Option<&Path>, work: F) -> Result<T, NamespaceError>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
     let file = File::open(namespace_path(namespace))
         .map_err(|source| NamespaceError::Open { namespace: namespace.to_owned(), source })?;
     thread::scope(|scope| {
         let worker = thread::Builder::new()
             .name(format!("netns-{namespace}"))
             .spawn_scoped(scope, move || {
+                if let Some(cgroup) = cgroup {
+                    crate::cgroup::enter(cgroup)
+                        .map_err(|source| NamespaceError::Cgroup { namespace: namespace.to_owned(), source })?;
+                }
                 setns(&file, CloneFlags::CLONE_NEWNET)
                     .map_err(|source| NamespaceError::Enter { namespace: namespace.to_owned(), source })?;
                 drop(file);

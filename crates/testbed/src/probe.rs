@@ -9,7 +9,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use crate::namespace::{NamespaceError, run_in_namespace};
+use std::path::Path;
+
+use crate::namespace::{NamespaceError, run_in_namespace, run_in_namespace_within};
 
 /// What a probe sends: raw text, which the echo server answers with its bare reply line.
 const PROBE_PAYLOAD: &[u8] = b"svcplane-probe\n";
@@ -63,6 +65,9 @@ pub enum ProbeErrorKind {
     Unreachable,
     /// Nothing came back in time: dropped.
     TimedOut,
+    /// Dropped by the sender's own node, which told the sender at once (`EPERM`: a
+    /// netfilter drop of a locally made packet, or a socket-level balancer's drop).
+    DroppedLocally,
     /// The connection was accepted and then reset.
     Reset,
     /// Something answered, but not with an echo reply.
@@ -102,6 +107,9 @@ pub enum ProbeError {
     /// No answer within the time limit.
     #[error("{protocol} {addr}: no answer within {after:?}")]
     TimedOut { protocol: Protocol, addr: SocketAddr, after: Duration },
+    /// The sender's own node dropped it and said so (`EPERM`).
+    #[error("{protocol} {addr}: {operation}: dropped by the sending node (operation not permitted)")]
+    DroppedLocally { protocol: Protocol, addr: SocketAddr, operation: &'static str },
     /// The connection was reset after it was established.
     #[error("{protocol} {addr}: connection reset")]
     Reset { protocol: Protocol, addr: SocketAddr },
@@ -126,6 +134,7 @@ impl ProbeError {
             ProbeError::Refused { .. } => ProbeErrorKind::Refused,
             ProbeError::Unreachable { .. } => ProbeErrorKind::Unreachable,
             ProbeError::TimedOut { .. } => ProbeErrorKind::TimedOut,
+            ProbeError::DroppedLocally { .. } => ProbeErrorKind::DroppedLocally,
             ProbeError::Reset { .. } => ProbeErrorKind::Reset,
             ProbeError::BadReply { .. } => ProbeErrorKind::BadReply,
             ProbeError::EnterNamespace(_)
@@ -166,6 +175,7 @@ fn probe_error(
         }
         ErrorKind::TimedOut | ErrorKind::WouldBlock => ProbeError::TimedOut { protocol, addr, after },
         ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted => ProbeError::Reset { protocol, addr },
+        ErrorKind::PermissionDenied => ProbeError::DroppedLocally { protocol, addr, operation },
         _ => ProbeError::Io { protocol, addr, operation, source },
     }
 }
@@ -239,6 +249,16 @@ pub fn tcp_request_in(namespace: &str, addr: SocketAddr, timeout: Duration) -> R
     run_in_namespace(namespace, || tcp_request(addr, timeout))?
 }
 
+/// [`tcp_request_in`] from a thread in `cgroup` (a lab node's, see [`crate::cgroup`]).
+pub fn tcp_request_within(
+    namespace: &str,
+    cgroup: Option<&Path>,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<EchoReply, ProbeError> {
+    run_in_namespace_within(namespace, cgroup, || tcp_request(addr, timeout))?
+}
+
 /// [`udp_request`] from inside the network namespace `namespace`.
 pub fn udp_request_in(
     namespace: &str,
@@ -247,6 +267,17 @@ pub fn udp_request_in(
     source_port: Option<u16>,
 ) -> Result<EchoReply, ProbeError> {
     run_in_namespace(namespace, || udp_request(addr, timeout, source_port))?
+}
+
+/// [`udp_request_in`] from a thread in `cgroup` (a lab node's, see [`crate::cgroup`]).
+pub fn udp_request_within(
+    namespace: &str,
+    cgroup: Option<&Path>,
+    addr: SocketAddr,
+    timeout: Duration,
+    source_port: Option<u16>,
+) -> Result<EchoReply, ProbeError> {
+    run_in_namespace_within(namespace, cgroup, || udp_request(addr, timeout, source_port))?
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ pub use super::manifests::{
     POD_ON_THIS_NODE, SERVICE_CIDR_V4, SERVICE_CIDR_V6, ServiceSpec, THIS_NODE,
 };
 use super::net::LineServers;
-use super::{Family, NodePortAddresses, Protocol, eventually};
+use super::{Family, NodePortAddresses, Protocol, Scenario, eventually};
 
 /// How long the proxies get to program the node after they start.
 pub const PROGRAMMED_WITHIN: Duration = Duration::from_secs(10);
@@ -39,6 +39,19 @@ pub struct Backend {
     /// The command that prints what the backend programmed on a node, for rows that check
     /// that something is *not* programmed.
     pub ruleset: &'static [&'static str],
+    /// Why a row cannot apply to this backend (`None`: it applies); such rows are listed
+    /// with the reason and not run.
+    pub not_applicable: fn(&Scenario) -> Option<&'static str>,
+    /// Whether the backend attaches to a cgroup per node (eBPF mode): the lab then gives
+    /// each node a cgroup holding the probe threads of the node and its pods, the proxy is
+    /// told it with `--cgroup-path` and gets a bpf root of its own (`--bpf-root`), which
+    /// `svcplane cleanup` removes when the cluster goes.
+    pub node_cgroups: bool,
+}
+
+/// For backends that run every row.
+pub fn every_row_applies(_: &Scenario) -> Option<&'static str> {
+    None
 }
 
 /// The `--nodeport-addresses` flags of a configuration.
@@ -124,6 +137,7 @@ impl ClusterBuilder {
             .pod(THIS_NODE, POD_ON_THIS_NODE)
             .pod(OTHER_NODE, POD_ON_OTHER_NODE)
             .clients(manifests::CLIENTS)
+            .node_cgroups(self.backend.node_cgroups)
             .build()
             .expect("building the lab (needs root)");
         let dir = TempDir::new(lab.prefix());
@@ -349,9 +363,7 @@ impl Cluster {
 
     /// Kills the proxies and removes the lab, failing if a namespace is left behind.
     pub fn teardown(mut self) {
-        for proxy in &mut self.proxies {
-            proxy.stop();
-        }
+        self.stop_proxies_and_clean_up();
         self.line_servers.clear();
         let lab = self.lab.take().expect("the lab runs until teardown");
         let prefix = lab.prefix().to_owned();
@@ -393,11 +405,53 @@ impl Cluster {
         .to_vec();
         args.extend(node_port_address_args(self.node_port_addresses, node));
         args.extend(self.backend.proxy_args.iter().map(|arg| (*arg).to_owned()));
-        let mut command = lab.command(node_ref.namespace_name(), &args).expect("a node namespace of the lab");
+        if self.backend.node_cgroups {
+            let cgroup = lab.node_cgroup(node).expect("the lab made node cgroups");
+            args.extend(["--cgroup-path".to_owned(), cgroup.to_string_lossy().into_owned()]);
+            args.extend(["--bpf-root".to_owned(), self.bpf_root(node).to_string_lossy().into_owned()]);
+        }
+        let mut command = if self.backend.node_cgroups {
+            // `ip netns exec` would give the proxy a mount namespace of its own with a fresh
+            // /sys: the cgroup would not be found, and its bpffs (with the pins) would go
+            // when it exits.
+            net_namespace_only(node_ref.namespace_name(), &args)
+        } else {
+            lab.command(node_ref.namespace_name(), &args).expect("a node namespace of the lab")
+        };
         let stderr = File::create(&log).expect("creating the proxy log");
         command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr);
         let child = command.spawn().expect("starting svcplane proxy");
         Proxy { node, log, child }
+    }
+
+    /// Where the proxy of `node` pins its BPF objects (backends with node cgroups).
+    fn bpf_root(&self, node: u16) -> PathBuf {
+        self.dir.path().join(format!("bpf-node{node}"))
+    }
+
+    /// Stops every proxy and, for backends that pin BPF objects, removes them with
+    /// `svcplane cleanup` (which also unmounts the bpffs mounted for them).
+    fn stop_proxies_and_clean_up(&mut self) {
+        for proxy in &mut self.proxies {
+            proxy.stop();
+        }
+        if !self.backend.node_cgroups {
+            return;
+        }
+        for node in [THIS_NODE, OTHER_NODE] {
+            let root = self.bpf_root(node);
+            if !root.exists() {
+                continue;
+            }
+            let Some(lab) = self.lab.as_ref() else { continue };
+            let args =
+                [env!("CARGO_BIN_EXE_svcplane"), "cleanup", "--bpf-root", &root.to_string_lossy()].map(String::from);
+            match net_namespace_only(lab.node(node).namespace_name(), &args).output() {
+                Ok(output) if output.status.success() => {}
+                Ok(output) => eprintln!("svcplane cleanup of node{node}: {}", String::from_utf8_lossy(&output.stderr)),
+                Err(error) => eprintln!("svcplane cleanup of node{node}: {error}"),
+            }
+        }
     }
 
     /// Probes the echo Service's ClusterIP in both families from both nodes until all four
@@ -441,14 +495,20 @@ impl Cluster {
     }
 }
 
+/// `args` run in a lab namespace's network namespace only (`nsenter --net`), sharing the
+/// test's mounts.
+fn net_namespace_only(namespace: &str, args: &[String]) -> std::process::Command {
+    let mut command = std::process::Command::new("nsenter");
+    command.arg(format!("--net={}", svcplane_testbed::namespace::namespace_path(namespace).display())).args(args);
+    command
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         // Proxies first, so none rewrites rules while the lab goes away; the lab's own drop
         // would kill them too. The line servers' sockets live in pod namespaces: close them
         // before those go.
-        for proxy in &mut self.proxies {
-            proxy.stop();
-        }
+        self.stop_proxies_and_clean_up();
         self.line_servers.clear();
         self.lab.take();
     }

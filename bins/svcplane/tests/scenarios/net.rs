@@ -26,6 +26,8 @@ pub enum Failure {
     Refused,
     /// Nothing came back in time.
     TimedOut,
+    /// The sender's own node dropped it and told the sender (`EPERM`).
+    DroppedLocally,
     /// Anything else, described.
     Other(String),
 }
@@ -35,6 +37,7 @@ impl std::fmt::Display for Failure {
         match self {
             Failure::Refused => f.write_str("refused"),
             Failure::TimedOut => f.write_str("no answer in time"),
+            Failure::DroppedLocally => f.write_str("dropped by the sending node (EPERM)"),
             Failure::Other(text) => f.write_str(text),
         }
     }
@@ -46,6 +49,8 @@ impl From<ProbeError> for Failure {
             Failure::Refused
         } else if error.is_timed_out() {
             Failure::TimedOut
+        } else if error.kind() == svcplane_testbed::ProbeErrorKind::DroppedLocally {
+            Failure::DroppedLocally
         } else {
             Failure::Other(error.to_string())
         }
@@ -56,6 +61,7 @@ fn io_failure(step: &str, error: &std::io::Error) -> Failure {
     match error.kind() {
         ErrorKind::ConnectionRefused => Failure::Refused,
         ErrorKind::TimedOut | ErrorKind::WouldBlock => Failure::TimedOut,
+        ErrorKind::PermissionDenied => Failure::DroppedLocally,
         _ => Failure::Other(format!("{step}: {error}")),
     }
 }

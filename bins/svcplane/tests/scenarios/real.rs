@@ -207,7 +207,8 @@ fn probe_unanswered(cluster: &Cluster, probe: &Probe, timeout: Duration) -> Resu
         return match probe.send(cluster, None, timeout) {
             Ok(reply) => Err(reply),
             Err(Failure::Refused) => Ok(Unanswered::Refused),
-            Err(Failure::TimedOut) => Ok(Unanswered::Silent),
+            // A drop the sender's own node reports at once (EPERM) is still a drop.
+            Err(Failure::TimedOut | Failure::DroppedLocally) => Ok(Unanswered::Silent),
             Err(Failure::Other(error)) => Ok(Unanswered::Other(error)),
         };
     }
@@ -222,8 +223,12 @@ fn probe_unanswered(cluster: &Cluster, probe: &Probe, timeout: Duration) -> Resu
             Ok(socket) => socket,
             Err(error) => return Ok(io("bind", error)),
         };
-        if let Err(error) = socket.connect(target) {
-            return Ok(io("connect", error));
+        // A socket-level balancer answers at connect(): refused, or dropped (EPERM).
+        match socket.connect(target) {
+            Ok(()) => {}
+            Err(error) if error.raw_os_error() == Some(EPERM) => return Ok(Unanswered::Silent),
+            Err(error) if error.kind() == ErrorKind::ConnectionRefused => return Ok(Unanswered::Refused),
+            Err(error) => return Ok(io("connect", error)),
         }
         match socket.send(b"svcplane-probe\n") {
             Ok(_) => {}
@@ -686,7 +691,14 @@ fn run_group(cluster: &Cluster, service: &str, rows: &[Scenario]) -> Vec<Result<
 /// Runs every row (once per family), then fails once listing every failed row (with the
 /// proxies' logs and the backend's diagnostics), so one broken row does not hide the others.
 pub fn check_rows(cluster: &Cluster, rows: &[Scenario]) {
-    let runs: Vec<Scenario> = rows.iter().flat_map(Scenario::each_family).collect();
+    let mut runs: Vec<Scenario> = rows.iter().flat_map(Scenario::each_family).collect();
+    runs.retain(|run| match (cluster.backend().not_applicable)(run) {
+        Some(reason) => {
+            eprintln!("not applicable to {}: {} — {reason}", cluster.backend().name, run.label());
+            false
+        }
+        None => true,
+    });
     // Work items: single rows, and mutating rows grouped by Service.
     let mut items: Vec<Vec<Scenario>> = Vec::new();
     let mut groups: BTreeMap<&str, Vec<Scenario>> = BTreeMap::new();
