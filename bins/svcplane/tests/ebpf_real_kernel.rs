@@ -5,35 +5,12 @@
 
 mod scenarios;
 
-use scenarios::cluster::{Backend, Cluster};
+use scenarios::backends::EBPF;
+use std::time::Duration;
+
+use scenarios::cluster::{Cluster, ECHO_SERVICE, POD_ON_THIS_NODE, THIS_NODE};
 use scenarios::manifests::CONVERSATION_PORT;
-use scenarios::{NodePortAddresses, Protocol, Scenario, Sender, SourceSeen, check_rows};
-
-const EBPF: Backend = Backend {
-    name: "ebpf",
-    proxy_args: &["--mode", "ebpf"],
-    diagnostics: &[&["bpftool", "cgroup", "tree"]],
-    ruleset: &["true"],
-    not_applicable,
-    node_cgroups: true,
-};
-
-/// Rows the eBPF mode does not run yet, with the reason.
-fn not_applicable(row: &Scenario) -> Option<&'static str> {
-    match row.from {
-        Sender::ExternalClient | Sender::ExternalClientInsideRange | Sender::ExternalClientOutsideRange => {
-            Some("traffic from outside the node needs the tc programs, which eBPF mode does not attach yet")
-        }
-        // The socket balancer translates no address: the endpoint sees the pod (or the node)
-        // itself. Masquerading these flows is what the other modes need so that replies of a
-        // DNAT come back through it (a pod reaching itself, or a NodePort whose reply would
-        // bypass the node); without a DNAT there is nothing for a reply to miss.
-        _ if row.source == SourceSeen::NodeAddress || row.from == Sender::EndpointPodOnThisNode => {
-            Some("socket-level balancing keeps the sender's own address (no NAT to undo)")
-        }
-        _ => None,
-    }
-}
+use scenarios::{NodePortAddresses, Protocol, Scenario, check_rows, eventually};
 
 fn check_table(rows: &[Scenario]) {
     let cluster = Cluster::start(EBPF);
@@ -97,5 +74,30 @@ fn endpoint_changes_move_connected_udp_flows_and_keep_flows_to_terminating_endpo
     let cluster =
         Cluster::builder(EBPF).line_servers(Protocol::Tcp, CONVERSATION_PORT, &["node1-pod1", "node2-pod2"]).start();
     check_rows(&cluster, scenarios::ENDPOINT_CHANGES);
+    cluster.teardown();
+}
+
+#[test]
+fn detached_programs_are_attached_again_within_five_seconds() {
+    if !svcplane_testbed::can_run_real_kernel_tests("detached_programs_are_attached_again_within_five_seconds") {
+        return;
+    }
+    let cluster = Cluster::start(EBPF);
+    let target = cluster.service(ECHO_SERVICE).expect("echo").cluster_ip_address(false).expect("an IPv4 ClusterIP");
+    let pod = cluster.lab().pod(POD_ON_THIS_NODE).namespace_name().to_owned();
+    let ask = || cluster.lab().tcp_request(&pod, target, Duration::from_millis(300));
+    assert!(ask().is_ok(), "the ClusterIP answers before the damage");
+    // Unpinning a link detaches its program: nothing else holds it.
+    let links = cluster.bpf_root(THIS_NODE).join("links");
+    let mut removed = 0;
+    for entry in std::fs::read_dir(&links).expect("the links directory") {
+        std::fs::remove_file(entry.expect("an entry").path()).expect("unpinning a link");
+        removed += 1;
+    }
+    assert!(removed >= 8, "every socket program had a pinned link ({removed})");
+    assert!(ask().is_err(), "with the programs detached the ClusterIP is just an unrouted address");
+    let repaired = eventually(Duration::from_secs(5), || ask().ok());
+    assert!(repaired.is_some(), "the programs were not attached again within 5 s\n{}", cluster.diagnostics());
+    assert!(cluster.proxy_log(THIS_NODE).contains("is gone"), "the proxy logged what it found");
     cluster.teardown();
 }

@@ -11,9 +11,10 @@ mod scenarios;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use scenarios::backends::EBPF;
 use scenarios::cluster::{Backend, Cluster, ECHO_SERVICE, POD_ON_OTHER_NODE, POD_ON_THIS_NODE, THIS_NODE};
 use scenarios::manifests::{EndpointSpec, LB_SERVICE, SERVICE_PORT, SliceSpec, TERMINATING_SERVICE};
-use scenarios::{Family, Protocol, eventually};
+use scenarios::{Family, Protocol, Sender, eventually};
 use svcplane_testbed::probe::Protocol as ProbeProtocol;
 use svcplane_testbed::{Load, LoadReport, LoadSpec};
 
@@ -45,13 +46,23 @@ fn start_loads(cluster: &Cluster) -> Vec<(String, Load)> {
     let node_ip = IpAddr::V4(lab.node(THIS_NODE).ip_v4());
     let lb_ip = lb.load_balancer_ips(Family::V4, false)[0];
     let mut targets: Vec<(String, String, SocketAddr, ProbeProtocol)> = Vec::new();
+    // Where the backend does not serve traffic from outside the node (the scenario table
+    // says so), the NodePort load comes from a pod of the node instead.
+    let outside = scenarios::REACHABILITY
+        .iter()
+        .filter(|row| row.from == Sender::ExternalClient)
+        .all(|row| (cluster.backend().not_applicable)(row).is_none());
     for (protocol, probe) in [(Protocol::Tcp, ProbeProtocol::Tcp), (Protocol::Udp, ProbeProtocol::Udp)] {
         let cluster_ip = echo.cluster_ip_address(false).expect("an IPv4 ClusterIP");
         targets.push((format!("pod -> ClusterIP {cluster_ip}/{protocol}"), pod.clone(), cluster_ip, probe));
         let node_port = SocketAddr::new(node_ip, echo.node_port(protocol).expect("a node port"));
-        targets.push((format!("outside -> NodePort {node_port}/{protocol}"), client.clone(), node_port, probe));
-        let lb_address = SocketAddr::new(lb_ip, SERVICE_PORT);
-        targets.push((format!("outside -> LB IP {lb_address}/{protocol}"), client.clone(), lb_address, probe));
+        if outside {
+            targets.push((format!("outside -> NodePort {node_port}/{protocol}"), client.clone(), node_port, probe));
+            let lb_address = SocketAddr::new(lb_ip, SERVICE_PORT);
+            targets.push((format!("outside -> LB IP {lb_address}/{protocol}"), client.clone(), lb_address, probe));
+        } else {
+            targets.push((format!("pod -> NodePort {node_port}/{protocol}"), pod.clone(), node_port, probe));
+        }
     }
     targets
         .into_iter()
@@ -64,7 +75,7 @@ fn start_loads(cluster: &Cluster) -> Vec<(String, Load)> {
                 max_requests: 5_000,
                 max_duration: Duration::from_secs(40),
             };
-            (label, Load::start(&namespace, spec))
+            (label, lab.load(&namespace, spec))
         })
         .collect()
 }
@@ -121,6 +132,14 @@ fn the_nftables_proxy_killed_and_restarted_under_load_loses_no_request() {
 }
 
 #[test]
+fn the_ebpf_proxy_killed_and_restarted_under_load_loses_no_request() {
+    if !svcplane_testbed::can_run_real_kernel_tests("the_ebpf_proxy_killed_and_restarted_under_load_loses_no_request") {
+        return;
+    }
+    proxy_restarts_lose_no_request(EBPF);
+}
+
+#[test]
 fn the_iptables_proxy_killed_and_restarted_under_load_loses_no_request() {
     if !svcplane_testbed::can_run_real_kernel_tests(
         "the_iptables_proxy_killed_and_restarted_under_load_loses_no_request",
@@ -174,7 +193,7 @@ fn churn_loads(cluster: &Cluster, connects_per_load: u64, max_duration: Duration
             };
             loads.push((
                 format!("{pod} -> ClusterIP {target}/{protocol}"),
-                Load::start(lab.pod(pod).namespace_name(), spec),
+                lab.load(lab.pod(pod).namespace_name(), spec),
             ));
         }
     }
@@ -261,4 +280,24 @@ fn endpoints_changing_every_second_lose_none_of_100k_requests_in_iptables_mode()
         return;
     }
     endpoints_changing_every_second_lose_none_of_100k_connects(IPTABLES_LEGACY);
+}
+
+#[test]
+fn a_rolling_replacement_of_every_endpoint_loses_no_request_in_ebpf_mode() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_rolling_replacement_of_every_endpoint_loses_no_request_in_ebpf_mode",
+    ) {
+        return;
+    }
+    a_rolling_replacement_loses_no_request(EBPF);
+}
+
+#[test]
+fn endpoints_changing_every_second_lose_none_of_100k_requests_in_ebpf_mode() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "endpoints_changing_every_second_lose_none_of_100k_requests_in_ebpf_mode",
+    ) {
+        return;
+    }
+    endpoints_changing_every_second_lose_none_of_100k_connects(EBPF);
 }

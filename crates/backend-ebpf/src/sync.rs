@@ -21,7 +21,11 @@ use svcplane_core::{Dataplane, DataplaneError, EndpointSetKind, NodePlan, PlanDi
 use crate::render::{Decision, NodeAddresses, PortEntries, render_port, render_text};
 
 /// How often drift checks may run.
-const DRIFT_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the pins and the node's addresses are checked (cheap: a stat per pin): a
+/// detached program is put back within about this long.
+const DRIFT_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the services map's entries are counted (a syscall per entry).
+const COUNT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Where the eBPF mode pins and attaches, and how big its maps are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +71,7 @@ pub struct EbpfBackend {
     full_pending: bool,
     node: NodeAddresses,
     last_drift_check: Option<Instant>,
+    last_count_check: Option<Instant>,
 }
 
 impl EbpfBackend {
@@ -80,6 +85,7 @@ impl EbpfBackend {
             full_pending: true,
             node: NodeAddresses::default(),
             last_drift_check: None,
+            last_count_check: None,
         }
     }
 
@@ -411,6 +417,10 @@ impl Dataplane for EbpfBackend {
             }
             _ => {}
         }
+        if self.last_count_check.is_some_and(|at| at.elapsed() < COUNT_INTERVAL) {
+            return None;
+        }
+        self.last_count_check = Some(Instant::now());
         let expected: usize = self.record.values().map(|w| w.entries.frontends.len()).sum();
         let lb = self.lb.as_ref().expect("opened");
         let found = lb.services.keys().count();

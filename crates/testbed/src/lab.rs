@@ -649,6 +649,11 @@ impl Lab {
         Ok(run_in_namespace_within(namespace, self.cgroup_of(namespace), work)?)
     }
 
+    /// A bounded load from inside `namespace` (in its node's cgroup, if the lab has them).
+    pub fn load(&self, namespace: &str, spec: crate::LoadSpec) -> crate::Load {
+        crate::Load::start_within(namespace, self.cgroup_of(namespace).map(Path::to_path_buf), spec)
+    }
+
     /// The cgroup of a node (with [`LabBuilder::node_cgroups`]).
     pub fn node_cgroup(&self, node: u16) -> Option<&Path> {
         self.node_cgroups.as_ref()?.path(node)

@@ -4,12 +4,13 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::namespace::run_in_namespace;
+use crate::namespace::run_in_namespace_within;
 use crate::probe::{Protocol, tcp_request, udp_request};
 
 /// What a load sends, and its bounds.
@@ -47,6 +48,11 @@ impl Load {
     /// Starts sending from inside `namespace`. Panics if the target is outside the lab's
     /// address plan: load never leaves the lab.
     pub fn start(namespace: &str, spec: LoadSpec) -> Load {
+        Self::start_within(namespace, None, spec)
+    }
+
+    /// [`Load::start`] from a thread in `cgroup` (a lab node's, see [`crate::cgroup`]).
+    pub fn start_within(namespace: &str, cgroup: Option<PathBuf>, spec: LoadSpec) -> Load {
         assert!(
             crate::address_plan::is_lab_address(spec.target.ip()),
             "load to {} refused: outside the lab's address plan",
@@ -58,7 +64,7 @@ impl Load {
         let worker = std::thread::Builder::new()
             .name(format!("load-{}", spec.target))
             .spawn(move || {
-                let result = run_in_namespace(&namespace, || send(spec, &stopping));
+                let result = run_in_namespace_within(&namespace, cgroup.as_deref(), || send(spec, &stopping));
                 result.unwrap_or_else(|error| LoadReport {
                     sent: 1,
                     failed: 1,

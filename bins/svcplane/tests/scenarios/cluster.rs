@@ -425,7 +425,7 @@ impl Cluster {
     }
 
     /// Where the proxy of `node` pins its BPF objects (backends with node cgroups).
-    fn bpf_root(&self, node: u16) -> PathBuf {
+    pub fn bpf_root(&self, node: u16) -> PathBuf {
         self.dir.path().join(format!("bpf-node{node}"))
     }
 
