@@ -176,6 +176,9 @@ pub struct LabArgs {
     /// Keep the sandbox until Ctrl-C instead of removing it after the run.
     #[arg(long)]
     pub keep: bool,
+    /// The proxy mode the lab's node runs (`ebpf` gives the node a cgroup of its own).
+    #[arg(long, value_enum, default_value = "nftables")]
+    pub mode: Mode,
 }
 
 #[derive(Debug, Clone, Args)]

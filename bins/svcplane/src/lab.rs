@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use svcplane_core::{IpFamily, Protocol, ServiceType};
 use svcplane_testbed::{Lab, ProbeError};
 
-use crate::cli::{EchoArgs, LabArgs, SourceArgs};
+use crate::cli::{EchoArgs, LabArgs, Mode, SourceArgs};
 use crate::feeds;
 
 /// The example manifests, embedded so the lab runs from any directory.
@@ -63,6 +63,7 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
         .pod(1, "echo-1")
         .pod(1, "echo-2")
         .clients(1)
+        .node_cgroups(args.mode == Mode::Ebpf)
         .build()
         .context("building the lab (needs root)")?;
     let program = std::env::current_exe().context("locating the svcplane binary")?;
@@ -76,23 +77,38 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
     }
     println!("external client {}", client.ip_v4());
 
-    let mut proxy = lab.spawn(
-        node.namespace_name(),
-        &[
-            program.as_os_str(),
-            "proxy".as_ref(),
-            "--manifests".as_ref(),
-            manifests.path().as_os_str(),
-            "--node-name".as_ref(),
-            "node1".as_ref(),
-            "--node-ip".as_ref(),
-            node.ip_v4().to_string().as_ref(),
-            "--cluster-cidr".as_ref(),
-            CLUSTER_CIDR.as_ref(),
-            "--service-cidr".as_ref(),
-            SERVICE_CIDR.as_ref(),
-        ],
-    )?;
+    let bpf_root = manifests.path().join("bpf");
+    let mut proxy_args: Vec<std::ffi::OsString> = [
+        program.as_os_str(),
+        "proxy".as_ref(),
+        "--mode".as_ref(),
+        mode_name(args.mode).as_ref(),
+        "--manifests".as_ref(),
+        manifests.path().as_os_str(),
+        "--node-name".as_ref(),
+        "node1".as_ref(),
+        "--node-ip".as_ref(),
+        node.ip_v4().to_string().as_ref(),
+        "--cluster-cidr".as_ref(),
+        CLUSTER_CIDR.as_ref(),
+        "--service-cidr".as_ref(),
+        SERVICE_CIDR.as_ref(),
+    ]
+    .map(std::ffi::OsStr::to_owned)
+    .to_vec();
+    let mut proxy = if let Some(cgroup) = lab.node_cgroup(1) {
+        // eBPF mode: the node's cgroup holds the lab's probes of node1 and its pods; the
+        // proxy keeps our mounts, so the bpffs it mounts for its pins is ours to remove.
+        proxy_args.extend(["--cgroup-path".into(), cgroup.into(), "--bpf-root".into(), bpf_root.clone().into()]);
+        let mut command = lab.command_sharing_mounts(node.namespace_name(), &proxy_args)?;
+        command.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null());
+        command.spawn().context("starting svcplane proxy")?
+    } else {
+        lab.spawn(node.namespace_name(), &proxy_args)?
+    };
+    // Traffic from outside the node goes through tc programs in eBPF mode; until they are
+    // attached, the lab sends NodePort traffic from a pod of the node there.
+    let external_client = args.mode != Mode::Ebpf;
 
     let cluster_ip = service
         .cluster_ips
@@ -122,10 +138,15 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
         if service.service_type != ServiceType::ClusterIp
             && let Some(node_port) = port.node_port
         {
+            let (from_namespace, from_label) = if external_client {
+                (client.namespace_name().to_owned(), "the external client".to_owned())
+            } else {
+                (lab.pods()[1].namespace_name().to_owned(), format!("pod {}", lab.pods()[1].name()))
+            };
             targets.push(Target {
                 label: format!("NodePort {}:{node_port}/{}", node.ip_v4(), port.protocol),
-                from_namespace: client.namespace_name().to_owned(),
-                from_label: "the external client".into(),
+                from_namespace,
+                from_label,
                 address: SocketAddr::new(IpAddr::V4(node.ip_v4()), node_port),
                 protocol: port.protocol,
             });
@@ -133,7 +154,7 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
     }
 
     wait_until_programmed(&lab, &targets[0])?;
-    println!("\nService {} programmed by `svcplane proxy --mode nftables` in node1\n", service.name);
+    println!("\nService {} programmed by `svcplane proxy --mode {}` in node1\n", service.name, mode_name(args.mode));
     let mut all_answered = true;
     for target in &targets {
         let mut by_pod: BTreeMap<String, (u32, IpAddr)> = BTreeMap::new();
@@ -167,12 +188,27 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
     }
     let _ = proxy.kill();
     let _ = proxy.wait();
+    if bpf_root.exists() {
+        let cleanup = [program.as_os_str(), "cleanup".as_ref(), "--bpf-root".as_ref(), bpf_root.as_os_str()];
+        let status = lab.command_sharing_mounts(node.namespace_name(), &cleanup)?.status()?;
+        if !status.success() {
+            bail!("svcplane cleanup --bpf-root {} failed ({status})", bpf_root.display());
+        }
+    }
     lab.teardown()?;
     println!("\nlab removed");
     if !all_answered {
         bail!("not every pod answered on every frontend");
     }
     Ok(())
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Nftables => "nftables",
+        Mode::Iptables => "iptables",
+        Mode::Ebpf => "ebpf",
+    }
 }
 
 fn probe(lab: &Lab, target: &Target) -> Result<svcplane_testbed::EchoReply, ProbeError> {

@@ -515,6 +515,16 @@ impl Lab {
         Ok(command)
     }
 
+    /// [`Lab::command`] entering only the network namespace (`nsenter --net`): unlike
+    /// `ip netns exec`, the program keeps the caller's mounts, so it sees the cgroup2 mount
+    /// under /sys, and a bpffs it mounts outlives it.
+    pub fn command_sharing_mounts<S: AsRef<OsStr>>(&self, namespace: &str, args: &[S]) -> Result<Command, LabError> {
+        self.check_namespace(namespace)?;
+        let mut command = Command::new("nsenter");
+        command.arg(format!("--net={}", crate::namespace::namespace_path(namespace).display())).args(args);
+        Ok(command)
+    }
+
     /// Runs `args` inside `namespace` and returns its output, whatever its exit status.
     /// Killed after [`DEFAULT_COMMAND_TIMEOUT`].
     pub fn exec<S: AsRef<OsStr>>(&self, namespace: &str, args: &[S]) -> Result<Output, LabError> {

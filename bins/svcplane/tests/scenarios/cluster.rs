@@ -414,7 +414,7 @@ impl Cluster {
             // `ip netns exec` would give the proxy a mount namespace of its own with a fresh
             // /sys: the cgroup would not be found, and its bpffs (with the pins) would go
             // when it exits.
-            net_namespace_only(node_ref.namespace_name(), &args)
+            lab.command_sharing_mounts(node_ref.namespace_name(), &args).expect("a node namespace of the lab")
         } else {
             lab.command(node_ref.namespace_name(), &args).expect("a node namespace of the lab")
         };
@@ -446,7 +446,11 @@ impl Cluster {
             let Some(lab) = self.lab.as_ref() else { continue };
             let args =
                 [env!("CARGO_BIN_EXE_svcplane"), "cleanup", "--bpf-root", &root.to_string_lossy()].map(String::from);
-            match net_namespace_only(lab.node(node).namespace_name(), &args).output() {
+            let output = lab
+                .command_sharing_mounts(lab.node(node).namespace_name(), &args)
+                .map_err(|error| error.to_string())
+                .and_then(|mut command| command.output().map_err(|error| error.to_string()));
+            match output {
                 Ok(output) if output.status.success() => {}
                 Ok(output) => eprintln!("svcplane cleanup of node{node}: {}", String::from_utf8_lossy(&output.stderr)),
                 Err(error) => eprintln!("svcplane cleanup of node{node}: {error}"),
@@ -493,14 +497,6 @@ impl Cluster {
             );
         }
     }
-}
-
-/// `args` run in a lab namespace's network namespace only (`nsenter --net`), sharing the
-/// test's mounts.
-fn net_namespace_only(namespace: &str, args: &[String]) -> std::process::Command {
-    let mut command = std::process::Command::new("nsenter");
-    command.arg(format!("--net={}", svcplane_testbed::namespace::namespace_path(namespace).display())).args(args);
-    command
 }
 
 impl Drop for Cluster {
