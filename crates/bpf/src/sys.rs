@@ -108,6 +108,30 @@ pub fn local_addresses() -> Result<Vec<std::net::IpAddr>, BpfError> {
     Ok(found)
 }
 
+/// The kernel memory (`memlock`, bytes) of every map pinned directly under `bpf_root`.
+pub fn pinned_map_memory(bpf_root: &Path) -> Result<u64, BpfError> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let entries = std::fs::read_dir(bpf_root)
+        .map_err(|source| BpfError::Io { what: format!("listing {}", bpf_root.display()), source })?;
+    let mut total = 0;
+    for entry in entries.filter_map(Result::ok) {
+        let path = entry.path();
+        if path.is_dir() {
+            continue;
+        }
+        let Ok(map) = aya::maps::MapData::from_pin(&path) else { continue };
+        let fd = map.fd().as_fd().as_raw_fd();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
+            .map_err(|source| BpfError::Io { what: format!("reading the fdinfo of {}", path.display()), source })?;
+        total += info
+            .lines()
+            .find_map(|line| line.strip_prefix("memlock:"))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

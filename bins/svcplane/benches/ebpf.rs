@@ -1,0 +1,511 @@
+//! eBPF mode benchmark: the same plan programmed by `--mode ebpf` and by `--mode nftables`
+//! (netlink, the default mechanism) in the same run, and connections through a ClusterIP
+//! compared with connections straight to the pod.
+//!
+//! `cargo bench -p svcplane --bench ebpf -- --sizes 10000,100000 --endpoints 10`
+//! (needs root: network namespaces, a cgroup, BPF). Phases per size: cold program (a full
+//! sync into a fresh namespace, cgroup and bpf root), one endpoint change (`plan.update` and
+//! a partial sync, `--changes` different Services), the kernel memory of the maps. Then, in
+//! a one-node lab with 30k other Services (`--others`), TCP connect latency p50/p99 and bulk
+//! throughput through the ClusterIP in eBPF mode and in nftables mode, each as a ratio to
+//! the same client reaching the same pod directly. See `docs/benchmarks.md`.
+
+use std::fmt::Write as _;
+use std::io::{Read, Write as _};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions};
+use svcplane_backend_nftables::NftablesBackend;
+use svcplane_core::{
+    Change, ClusterState, Dataplane, Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, NodeConfig,
+    NodePlan, PlanDiff, Protocol, Service, ServicePort,
+};
+use svcplane_nft::NftNetlink;
+use svcplane_testbed::Lab;
+
+const CLUSTER_CIDR: &str = "198.18.128.0/17";
+const CLUSTER_CIDR_V6: &str = "2001:db8:1::/48";
+/// IPv4 ClusterIPs for the first Services, IPv6 above (198.19.0.0/16 holds 65k).
+const V4_SERVICES: usize = 60_000;
+const POD_ADDRESSES: u32 = 32_000;
+const TARGET_PORT: u16 = 8080;
+/// The ClusterIP of the Service the lab connects through.
+const LAB_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 250);
+
+#[derive(Debug)]
+struct Args {
+    sizes: Vec<usize>,
+    endpoints: usize,
+    repeat: usize,
+    changes: usize,
+    connects: usize,
+    others: usize,
+    bulk_mib: usize,
+    markdown: Option<PathBuf>,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut args = Args {
+        sizes: vec![10_000, 100_000],
+        endpoints: 10,
+        repeat: 3,
+        changes: 20,
+        connects: 2000,
+        others: 30_000,
+        bulk_mib: 512,
+        markdown: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--sizes" => args.sizes = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--endpoints" => args.endpoints = value()?.parse()?,
+            "--repeat" => args.repeat = value()?.parse()?,
+            "--changes" => args.changes = value()?.parse()?,
+            "--connects" => args.connects = value()?.parse()?,
+            "--others" => args.others = value()?.parse()?,
+            "--bulk-mib" => args.bulk_mib = value()?.parse()?,
+            "--markdown" => args.markdown = Some(value()?.into()),
+            "--bench" => {}
+            other => bail!(
+                "unknown argument {other:?} (--sizes A,B --endpoints E --repeat N --changes N --connects N --others N --bulk-mib N --markdown FILE)"
+            ),
+        }
+    }
+    ensure!(
+        args.repeat > 0 && args.changes > 0 && args.repeat.max(args.changes) <= 250,
+        "--repeat, --changes: 1..=250"
+    );
+    ensure!(args.sizes.iter().all(|&s| (1..=200_000).contains(&s)), "sizes in 1..=200000");
+    ensure!((1..=20_000).contains(&args.connects), "--connects: 1..=20000");
+    ensure!((1..=4096).contains(&args.bulk_mib), "--bulk-mib: 1..=4096");
+    Ok(args)
+}
+
+// ---------------------------------------------------------------------------------------
+// Fixed inputs: S ClusterIP Services x E ready endpoints spread over 10 nodes.
+
+fn service_ip(s: usize) -> IpAddr {
+    if s < V4_SERVICES {
+        IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + s as u32 + 1))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(u128::from(Ipv6Addr::new(0x2001, 0xdb8, 0xf, 0, 0, 0, 0, 0)) + s as u128))
+    }
+}
+
+fn pod_ip(s: usize, e: usize, endpoints: usize, family: IpFamily) -> IpAddr {
+    let index = (s * endpoints + e) as u32 % POD_ADDRESSES + 1;
+    match family {
+        IpFamily::V4 => IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 0)) + index)),
+        IpFamily::V6 => IpAddr::V6(Ipv6Addr::from(
+            u128::from(Ipv6Addr::new(0x2001, 0xdb8, 1, 0xff, 0, 0, 0, 0)) + u128::from(index),
+        )),
+    }
+}
+
+fn tcp_port(name: &str, port: u16) -> ServicePort {
+    ServicePort { name: name.into(), protocol: Protocol::Tcp, port, node_port: None }
+}
+
+fn slice(service: &NamespacedName, family: IpFamily, addresses: &[IpAddr]) -> EndpointSlice {
+    EndpointSlice {
+        name: NamespacedName::new(&service.namespace, format!("{}-slice", service.name)),
+        service: service.clone(),
+        family,
+        ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: TARGET_PORT }],
+        endpoints: addresses.iter().map(|ip| Endpoint::ready(*ip, Some("node2"))).collect(),
+    }
+}
+
+/// The synthetic cluster: `services` Services, each with `endpoints` endpoints.
+fn synthetic(services: usize, endpoints: usize) -> ClusterState {
+    let mut state = ClusterState::new();
+    for s in 0..services {
+        let name = NamespacedName::new("bench", format!("svc-{s}"));
+        let ip = service_ip(s);
+        let family = IpFamily::of(&ip);
+        state.apply(Change::ServiceUpserted(Service::cluster_ip(name.clone(), vec![ip], vec![tcp_port("http", 80)])));
+        let addresses: Vec<IpAddr> = (0..endpoints).map(|e| pod_ip(s, e, endpoints, family)).collect();
+        state.apply(Change::SliceUpserted(slice(&name, family, &addresses)));
+    }
+    state
+}
+
+fn node_config(node_ips: Vec<IpAddr>) -> NodeConfig {
+    NodeConfig {
+        node_name: "node1".into(),
+        node_ips,
+        cluster_cidrs: vec![CLUSTER_CIDR.parse().unwrap(), CLUSTER_CIDR_V6.parse().unwrap()],
+        ..NodeConfig::default()
+    }
+}
+
+/// Moves endpoint 0 of Service `s` to a fresh address: one EndpointSlice event.
+fn endpoint_change(state: &mut ClusterState, s: usize, endpoints: usize, round: usize) {
+    let name = NamespacedName::new("bench", format!("svc-{s}"));
+    let family = IpFamily::of(&service_ip(s));
+    let mut addresses: Vec<IpAddr> = (0..endpoints).map(|e| pod_ip(s, e, endpoints, family)).collect();
+    addresses[0] = match family {
+        IpFamily::V4 => IpAddr::V4(Ipv4Addr::new(198, 18, 254, (round % 250) as u8 + 1)),
+        IpFamily::V6 => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 1, 0xfe, 0, 0, 0, round as u16 + 1)),
+    };
+    state.apply(Change::SliceUpserted(slice(&name, family, &addresses)));
+}
+
+// ---------------------------------------------------------------------------------------
+// A sandbox: a network namespace, a cgroup and a bpf root of our own, removed on drop.
+
+#[derive(Debug)]
+struct Sandbox {
+    netns: String,
+    cgroup: PathBuf,
+    bpf_root: PathBuf,
+}
+
+static SANDBOXES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl Sandbox {
+    fn fresh() -> anyhow::Result<Self> {
+        let serial = SANDBOXES.fetch_add(1, Ordering::Relaxed);
+        let netns = format!("svcp-ebench-{}-{serial}", std::process::id());
+        let status = Command::new("ip").args(["netns", "add", &netns]).status()?;
+        ensure!(status.success(), "`ip netns add {netns}` failed (the benchmark needs root)");
+        let mount = svcplane_testbed::cgroup::cgroup2_mount().context("no cgroup2 mount")?;
+        let cgroup = mount.join(&netns);
+        std::fs::create_dir(&cgroup).with_context(|| format!("creating {}", cgroup.display()))?;
+        let bpf_root = std::env::temp_dir().join(format!("{netns}-bpf"));
+        Ok(Self { netns, cgroup, bpf_root })
+    }
+
+    fn ebpf(&self) -> EbpfBackend {
+        EbpfBackend::new(EbpfOptions {
+            bpf_root: self.bpf_root.clone(),
+            cgroup: Some(self.cgroup.clone()),
+            ..EbpfOptions::default()
+        })
+    }
+
+    /// Runs `work` on a thread inside the namespace (the backend reads the node's netns
+    /// cookie and addresses from the thread that syncs).
+    fn run<T: Send>(&self, work: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+        Ok(svcplane_testbed::run_in_namespace(&self.netns, work)?)
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = svcplane_bpf::cleanup(&self.bpf_root);
+        let _ = std::fs::remove_dir(&self.cgroup);
+        let _ = Command::new("ip").args(["netns", "del", &self.netns]).status();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Measurements
+
+fn time<T>(f: impl FnOnce() -> T) -> (Duration, T) {
+    let started = Instant::now();
+    let value = f();
+    (started.elapsed(), value)
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort();
+    let index = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples[index]
+}
+
+fn show(d: Duration) -> String {
+    let micros = d.as_secs_f64() * 1e6;
+    if micros < 1000.0 { format!("{micros:.0} µs") } else { format!("{:.2} ms", micros / 1000.0) }
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    lines: Vec<String>,
+}
+
+impl Table {
+    fn row(&mut self, cells: &[String]) {
+        let line = format!("| {} |", cells.join(" | "));
+        eprintln!("{line}");
+        self.lines.push(line);
+    }
+}
+
+fn run_size(args: &Args, size: usize, out: &mut String) -> anyhow::Result<()> {
+    eprintln!("== {size} services x {} endpoints", args.endpoints);
+    let (took, mut state) = time(|| synthetic(size, args.endpoints));
+    eprintln!("  (generated in {})", show(took));
+    let mut plan = NodePlan::build(&state, node_config(Vec::new()));
+    state.take_changes();
+    ensure!(plan.service_ports.len() == size, "expected {size} service ports in the plan");
+    let mut table = Table::default();
+    writeln!(out, "#### {size} Services x {} endpoints\n", args.endpoints)?;
+    table.row(&["phase".into(), "median".into(), "min".into(), "runs".into(), "note".into()]);
+    table.row(&["---".into(), "---:".into(), "---:".into(), "---:".into(), "---".into()]);
+
+    // Cold program, eBPF: a full sync into a fresh sandbox.
+    let mut samples = Vec::new();
+    let mut kept = None;
+    for _ in 0..args.repeat {
+        drop(kept.take());
+        let sandbox = Sandbox::fresh()?;
+        let mut backend = sandbox.ebpf();
+        let (took, result) = sandbox.run(|| time(|| backend.sync(&plan, &PlanDiff::default())))?;
+        let report = result.map_err(|error| anyhow::anyhow!("eBPF full sync: {error}"))?;
+        ensure!(report.full, "the first sync is a full one");
+        samples.push(took);
+        kept = Some((backend, sandbox));
+    }
+    let ebpf_cold = median(samples.clone());
+    let min = samples.iter().min().copied().unwrap_or_default();
+    table.row(&[
+        "**eBPF: program cold** (load + attach + fill maps)".into(),
+        show(ebpf_cold),
+        show(min),
+        samples.len().to_string(),
+        "EbpfBackend full sync".into(),
+    ]);
+    let (mut backend, sandbox) = kept.expect("repeat > 0");
+    let memory = svcplane_bpf::sys::pinned_map_memory(&sandbox.bpf_root)?;
+
+    // Cold program, nftables over netlink, the same plan, same run.
+    let mut samples = Vec::new();
+    let mut kept_nft = None;
+    for _ in 0..args.repeat {
+        drop(kept_nft.take());
+        let netns = Sandbox::fresh()?;
+        let mut nft = NftablesBackend::new(NftNetlink::in_network_namespace(&netns.netns)?);
+        let (took, result) = time(|| nft.sync(&plan, &PlanDiff::default()));
+        result.map_err(|error| anyhow::anyhow!("nftables full sync: {error}"))?;
+        samples.push(took);
+        kept_nft = Some((nft, netns));
+    }
+    let nft_cold = median(samples.clone());
+    table.row(&[
+        "baseline: nftables program cold (netlink)".into(),
+        show(nft_cold),
+        show(samples.iter().min().copied().unwrap_or_default()),
+        samples.len().to_string(),
+        "NftablesBackend full sync, same plan".into(),
+    ]);
+    let (mut nft, _nft_netns) = kept_nft.expect("repeat > 0");
+
+    // One endpoint change: plan.update + partial sync, different Services each time.
+    let mut ebpf_changes = Vec::new();
+    let mut nft_changes = Vec::new();
+    for k in 0..args.changes {
+        let s = k * size / args.changes;
+        endpoint_change(&mut state, s, args.endpoints, k);
+        let changes = state.take_changes();
+        let (plan_took, diff) = time(|| plan.update(&state, &changes));
+        let (took, result) = sandbox.run(|| time(|| backend.sync(&plan, &diff)))?;
+        ensure!(!result.map_err(|e| anyhow::anyhow!("eBPF partial sync: {e}"))?.full, "a partial sync");
+        ebpf_changes.push(plan_took + took);
+        let (took, result) = time(|| nft.sync(&plan, &diff));
+        result.map_err(|e| anyhow::anyhow!("nftables partial sync: {e}"))?;
+        nft_changes.push(plan_took + took);
+    }
+    let ebpf_change = median(ebpf_changes.clone());
+    let nft_change = median(nft_changes.clone());
+    let p99_ebpf = percentile(&mut ebpf_changes, 0.99);
+    let p99_nft = percentile(&mut nft_changes, 0.99);
+    table.row(&[
+        "**eBPF: one endpoint change** (plan.update + partial sync)".into(),
+        show(ebpf_change),
+        format!("p99 {}", show(p99_ebpf)),
+        args.changes.to_string(),
+        "map updates only".into(),
+    ]);
+    table.row(&[
+        "baseline: nftables one endpoint change (netlink)".into(),
+        show(nft_change),
+        format!("p99 {}", show(p99_nft)),
+        args.changes.to_string(),
+        "same changes, same plan".into(),
+    ]);
+    table.row(&[
+        "eBPF maps' kernel memory (memlock)".into(),
+        format!("{:.1} MiB", memory as f64 / (1 << 20) as f64),
+        String::new(),
+        "1".into(),
+        "every pinned map, at its configured size".into(),
+    ]);
+    writeln!(out, "{}\n", table.lines.join("\n"))?;
+    writeln!(
+        out,
+        "- eBPF cold / nftables cold: **{:.2}**; eBPF change / nftables change: **{:.3}**\n",
+        ebpf_cold.as_secs_f64() / nft_cold.as_secs_f64(),
+        ebpf_change.as_secs_f64() / nft_change.as_secs_f64()
+    )?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Connections through a ClusterIP in a one-node lab.
+
+/// A TCP server in a pod: accepts and counts bytes until the stop flag.
+fn serve(lab: &Lab, pod: &str, stop: Arc<AtomicBool>) -> anyhow::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
+    let namespace = lab.pod(pod).namespace_name();
+    let listener = lab.run_in(namespace, || TcpListener::bind(("0.0.0.0", TARGET_PORT)))??;
+    listener.set_nonblocking(true)?;
+    let address = SocketAddr::new(IpAddr::V4(lab.pod(pod).ip_v4()), TARGET_PORT);
+    let handle = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+                    std::thread::spawn(move || {
+                        let mut buffer = vec![0u8; 1 << 16];
+                        while matches!(stream.read(&mut buffer), Ok(n) if n > 0) {}
+                    });
+                }
+                Err(_) => std::thread::sleep(Duration::from_micros(200)),
+            }
+        }
+    });
+    Ok((address, handle))
+}
+
+/// `count` connects from `pod` to `target` (connect completed, then closed): p50, p99.
+fn connect_latency(lab: &Lab, pod: &str, target: SocketAddr, count: usize) -> anyhow::Result<(Duration, Duration)> {
+    let mut samples = lab.run_in(pod, || -> anyhow::Result<Vec<Duration>> {
+        let mut samples = Vec::with_capacity(count);
+        for _ in 0..count {
+            let started = Instant::now();
+            let stream = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
+            samples.push(started.elapsed());
+            drop(stream);
+        }
+        Ok(samples)
+    })??;
+    Ok((percentile(&mut samples, 0.5), percentile(&mut samples, 0.99)))
+}
+
+/// Bytes per second of one TCP stream of `mib` MiB from `pod` to `target`.
+fn throughput(lab: &Lab, pod: &str, target: SocketAddr, mib: usize) -> anyhow::Result<f64> {
+    let took = lab.run_in(pod, || -> anyhow::Result<Duration> {
+        let mut stream = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
+        let chunk = vec![7u8; 1 << 16];
+        let started = Instant::now();
+        for _ in 0..mib * 16 {
+            stream.write_all(&chunk)?;
+        }
+        stream.shutdown(std::net::Shutdown::Write)?;
+        Ok(started.elapsed())
+    })??;
+    Ok((mib << 20) as f64 / took.as_secs_f64())
+}
+
+fn lab_plan(others: usize, lab: &Lab, server: SocketAddr) -> NodePlan {
+    let mut state = synthetic(others, 10);
+    let name = NamespacedName::new("bench", "target");
+    state.apply(Change::ServiceUpserted(Service::cluster_ip(
+        name.clone(),
+        vec![IpAddr::V4(LAB_SERVICE_IP)],
+        vec![tcp_port("http", 80)],
+    )));
+    state.apply(Change::SliceUpserted(slice(&name, IpFamily::V4, &[server.ip()])));
+    let node = lab.node(1);
+    NodePlan::build(&state, node_config(node.ips().to_vec()))
+}
+
+fn run_connections(args: &Args, out: &mut String) -> anyhow::Result<()> {
+    eprintln!("== connections through a ClusterIP with {} other Services", args.others);
+    let lab = Lab::builder().nodes(1).pod(1, "server").pod(1, "client").node_cgroups(true).build()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (server, handle) = serve(&lab, "server", Arc::clone(&stop))?;
+    let plan = lab_plan(args.others, &lab, server);
+    let client = lab.pod("client").namespace_name().to_owned();
+    let node_ns = lab.node(1).namespace_name().to_owned();
+    let service = SocketAddr::new(IpAddr::V4(LAB_SERVICE_IP), 80);
+    let mut rows = Vec::new();
+
+    let direct = connect_latency(&lab, &client, server, args.connects)?;
+    let direct_bulk = throughput(&lab, &client, server, args.bulk_mib)?;
+    rows.push(("direct to the pod", direct, direct_bulk));
+
+    // eBPF mode on the lab's node: attached to its cgroup, which holds the client thread.
+    let bpf_root = std::env::temp_dir().join(format!("svcp-ebench-lab-{}", std::process::id()));
+    let mut ebpf = EbpfBackend::new(EbpfOptions {
+        bpf_root: bpf_root.clone(),
+        cgroup: lab.node_cgroup(1).map(Path::to_path_buf),
+        ..EbpfOptions::default()
+    });
+    let synced = lab.run_in(&node_ns, || ebpf.sync(&plan, &PlanDiff::default()))?;
+    let measured = synced.map_err(|error| anyhow::anyhow!("eBPF sync: {error}")).and_then(|_| {
+        Ok((
+            connect_latency(&lab, &client, service, args.connects)?,
+            throughput(&lab, &client, service, args.bulk_mib)?,
+        ))
+    });
+    let _ = ebpf.cleanup();
+    let _ = svcplane_bpf::cleanup(&bpf_root);
+    let (latency, bulk) = measured?;
+    rows.push(("eBPF mode, ClusterIP", latency, bulk));
+
+    // nftables mode on the same node, same plan.
+    let mut nft = NftablesBackend::new(NftNetlink::in_network_namespace(&node_ns)?);
+    nft.sync(&plan, &PlanDiff::default()).map_err(|error| anyhow::anyhow!("nftables sync: {error}"))?;
+    let latency = connect_latency(&lab, &client, service, args.connects)?;
+    let bulk = throughput(&lab, &client, service, args.bulk_mib)?;
+    let _ = nft.cleanup();
+    rows.push(("nftables mode, ClusterIP", latency, bulk));
+
+    stop.store(true, Ordering::Relaxed);
+    let _ = handle.join();
+    lab.teardown()?;
+
+    writeln!(
+        out,
+        "#### TCP through a ClusterIP, {} other Services x 10 endpoints loaded ({} connects, {} MiB stream)\n",
+        args.others, args.connects, args.bulk_mib
+    )?;
+    writeln!(out, "| path | connect p50 | connect p99 | p50 / direct | p99 / direct | stream | stream / direct |")?;
+    writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")?;
+    let (base_latency, base_bulk) = (rows[0].1, rows[0].2);
+    for (path, (p50, p99), bulk) in &rows {
+        let line = format!(
+            "| {path} | {} | {} | {:.2} | {:.2} | {:.2} GiB/s | {:.3} |",
+            show(*p50),
+            show(*p99),
+            p50.as_secs_f64() / base_latency.0.as_secs_f64(),
+            p99.as_secs_f64() / base_latency.1.as_secs_f64(),
+            bulk / f64::from(1 << 30),
+            bulk / base_bulk
+        );
+        eprintln!("{line}");
+        writeln!(out, "{line}")?;
+    }
+    writeln!(out)?;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let mut out = String::new();
+    for &size in &args.sizes {
+        run_size(&args, size, &mut out)?;
+    }
+    run_connections(&args, &mut out)?;
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &out).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("{out}");
+    Ok(())
+}
