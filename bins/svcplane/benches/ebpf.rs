@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions};
+use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions, MapSizes};
 use svcplane_backend_nftables::NftablesBackend;
 use svcplane_core::{
     Change, ClusterState, Dataplane, Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, NodeConfig,
@@ -184,12 +184,10 @@ impl Sandbox {
         Ok(Self { netns, cgroup, bpf_root })
     }
 
-    fn ebpf(&self) -> EbpfBackend {
-        EbpfBackend::new(EbpfOptions {
-            bpf_root: self.bpf_root.clone(),
-            cgroup: Some(self.cgroup.clone()),
-            ..EbpfOptions::default()
-        })
+    /// eBPF mode with maps sized for `services` x `endpoints` (as `--bpf-map-*` would).
+    fn ebpf(&self, services: usize, endpoints: usize) -> EbpfBackend {
+        let sizes = sizes_for(services, endpoints);
+        EbpfBackend::new(EbpfOptions { bpf_root: self.bpf_root.clone(), cgroup: Some(self.cgroup.clone()), sizes })
     }
 
     /// Runs `work` on a thread inside the namespace (the backend reads the node's netns
@@ -204,6 +202,18 @@ impl Drop for Sandbox {
         let _ = svcplane_bpf::cleanup(&self.bpf_root);
         let _ = std::fs::remove_dir(&self.cgroup);
         let _ = Command::new("ip").args(["netns", "del", &self.netns]).status();
+    }
+}
+
+/// Map sizes for a cluster this big: the defaults, or room for every frontend (two scopes)
+/// and endpoint slot with a margin.
+fn sizes_for(services: usize, endpoints: usize) -> MapSizes {
+    let defaults = MapSizes::default();
+    let needed = |n: usize| u32::try_from(n + n / 4).unwrap_or(u32::MAX);
+    MapSizes {
+        services: defaults.services.max(needed(services * 2)),
+        backends: defaults.backends.max(needed(services * endpoints)),
+        ..defaults
     }
 }
 
@@ -263,7 +273,7 @@ fn run_size(args: &Args, size: usize, out: &mut String) -> anyhow::Result<()> {
     for _ in 0..args.repeat {
         drop(kept.take());
         let sandbox = Sandbox::fresh()?;
-        let mut backend = sandbox.ebpf();
+        let mut backend = sandbox.ebpf(size, args.endpoints);
         let (took, result) = sandbox.run(|| time(|| backend.sync(&plan, &PlanDiff::default())))?;
         let report = result.map_err(|error| anyhow::anyhow!("eBPF full sync: {error}"))?;
         ensure!(report.full, "the first sync is a full one");
@@ -445,7 +455,7 @@ fn run_connections(args: &Args, out: &mut String) -> anyhow::Result<()> {
     let mut ebpf = EbpfBackend::new(EbpfOptions {
         bpf_root: bpf_root.clone(),
         cgroup: lab.node_cgroup(1).map(Path::to_path_buf),
-        ..EbpfOptions::default()
+        sizes: sizes_for(args.others + 1, 10),
     });
     let synced = lab.run_in(&node_ns, || ebpf.sync(&plan, &PlanDiff::default()))?;
     let measured = synced.map_err(|error| anyhow::anyhow!("eBPF sync: {error}")).and_then(|_| {

@@ -150,6 +150,18 @@ pub struct EbpfArgs {
     /// root, i.e. every process of the node).
     #[arg(long, value_name = "DIR")]
     pub cgroup_path: Option<PathBuf>,
+    /// Capacity of the frontend map (each frontend takes two entries: node and pods).
+    #[arg(long, value_name = "N", default_value_t = 131_072)]
+    pub bpf_map_services: u32,
+    /// Capacity of the endpoint-slot map (and of the serving-endpoint map).
+    #[arg(long, value_name = "N", default_value_t = 131_072)]
+    pub bpf_map_backends: u32,
+    /// Capacity of the ClientIP affinity map (LRU).
+    #[arg(long, value_name = "N", default_value_t = 65_536)]
+    pub bpf_map_affinity: u32,
+    /// Capacity of the per-socket reverse-translation and UDP-flow maps (LRU).
+    #[arg(long, value_name = "N", default_value_t = 262_144)]
+    pub bpf_map_sockets: u32,
 }
 
 #[derive(Debug, Clone, Args)]

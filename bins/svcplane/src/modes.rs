@@ -29,7 +29,16 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
 }
 
 fn ebpf_options(args: &EbpfArgs) -> EbpfOptions {
-    EbpfOptions { bpf_root: args.bpf_root.clone(), cgroup: args.cgroup_path.clone(), ..EbpfOptions::default() }
+    EbpfOptions {
+        bpf_root: args.bpf_root.clone(),
+        cgroup: args.cgroup_path.clone(),
+        sizes: svcplane_backend_ebpf::MapSizes {
+            services: args.bpf_map_services,
+            backends: args.bpf_map_backends,
+            affinity: args.bpf_map_affinity,
+            reverse: args.bpf_map_sockets,
+        },
+    }
 }
 
 /// Whether the mode's traffic goes through the kernel's conntrack (stale UDP flows then

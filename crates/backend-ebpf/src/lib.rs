@@ -11,4 +11,5 @@ pub mod render;
 pub mod sync;
 
 pub use render::{Decision, NodeAddresses, PortEntries, render_all, render_port, render_text};
+pub use svcplane_bpf::MapSizes;
 pub use sync::{DEFAULT_BPF_ROOT, EbpfBackend, EbpfOptions};

@@ -14,7 +14,7 @@ use aya::{Ebpf, EbpfLoader};
 
 use crate::maps::{
     AFFINITY_MAP, AffinityKey, AffinityValue, BACKENDS_MAP, BackendKey, BackendValue, CONFIG_MAP, Config, LIVE_MAP,
-    LiveKey, REV_SOCK_MAP, RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue,
+    LiveKey, REV_SOCK_MAP, RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue, UDP_FLOWS_MAP,
 };
 use crate::{BpfError, SOCK_LB_OBJECT, sys};
 
@@ -33,7 +33,8 @@ pub const PROGRAMS: [&str; 8] = [
 /// Where pinned links live under the bpf root.
 const LINKS_DIR: &str = "links";
 
-/// Map capacities (entries).
+/// Map capacities (entries). `backends` also sizes the live-endpoint map, `reverse` the
+/// UDP-flow map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapSizes {
     pub services: u32,
@@ -97,6 +98,9 @@ impl SockLb {
             .map_max_entries(BACKENDS_MAP, sizes.backends)
             .map_max_entries(AFFINITY_MAP, sizes.affinity)
             .map_max_entries(REV_SOCK_MAP, sizes.reverse)
+            // Serving endpoints per service port are about as many as backend slots.
+            .map_max_entries(LIVE_MAP, sizes.backends)
+            .map_max_entries(UDP_FLOWS_MAP, sizes.reverse)
             .load(SOCK_LB_OBJECT)
             .map_err(|source| BpfError::Load { object: "sock_lb.o", source: Box::new(source) })?;
 
