@@ -392,9 +392,9 @@ fn serve(lab: &Lab, pod: &str, stop: Arc<AtomicBool>) -> anyhow::Result<(SocketA
     Ok((address, handle))
 }
 
-/// `count` connects from `pod` to `target` (connect completed, then closed): p50, p99.
-fn connect_latency(lab: &Lab, pod: &str, target: SocketAddr, count: usize) -> anyhow::Result<(Duration, Duration)> {
-    let mut samples = lab.run_in(pod, || -> anyhow::Result<Vec<Duration>> {
+/// `count` connects from `pod` to `target` (connect completed, then closed), timed.
+fn connects(lab: &Lab, pod: &str, target: SocketAddr, count: usize) -> anyhow::Result<Vec<Duration>> {
+    lab.run_in(pod, || -> anyhow::Result<Vec<Duration>> {
         let mut samples = Vec::with_capacity(count);
         for _ in 0..count {
             let started = Instant::now();
@@ -403,8 +403,7 @@ fn connect_latency(lab: &Lab, pod: &str, target: SocketAddr, count: usize) -> an
             drop(stream);
         }
         Ok(samples)
-    })??;
-    Ok((percentile(&mut samples, 0.5), percentile(&mut samples, 0.99)))
+    })?
 }
 
 /// Bytes per second of one TCP stream of `mib` MiB from `pod` to `target`.
@@ -420,6 +419,34 @@ fn throughput(lab: &Lab, pod: &str, target: SocketAddr, mib: usize) -> anyhow::R
         Ok(started.elapsed())
     })??;
     Ok((mib << 20) as f64 / took.as_secs_f64())
+}
+
+/// Through the Service and straight to the pod, measured alternately in `ROUNDS` rounds so
+/// both see the same machine: connect p50/p99 of each and the best stream of each.
+struct Paired {
+    service: (Duration, Duration),
+    direct: (Duration, Duration),
+    service_stream: f64,
+    direct_stream: f64,
+}
+
+const ROUNDS: usize = 4;
+
+fn paired(lab: &Lab, pod: &str, service: SocketAddr, direct: SocketAddr, args: &Args) -> anyhow::Result<Paired> {
+    let (mut through, mut straight) = (Vec::new(), Vec::new());
+    let (mut service_stream, mut direct_stream) = (0f64, 0f64);
+    for _ in 0..ROUNDS {
+        through.extend(connects(lab, pod, service, args.connects / ROUNDS)?);
+        straight.extend(connects(lab, pod, direct, args.connects / ROUNDS)?);
+        service_stream = service_stream.max(throughput(lab, pod, service, args.bulk_mib / ROUNDS)?);
+        direct_stream = direct_stream.max(throughput(lab, pod, direct, args.bulk_mib / ROUNDS)?);
+    }
+    Ok(Paired {
+        service: (percentile(&mut through, 0.5), percentile(&mut through, 0.99)),
+        direct: (percentile(&mut straight, 0.5), percentile(&mut straight, 0.99)),
+        service_stream,
+        direct_stream,
+    })
 }
 
 fn lab_plan(others: usize, lab: &Lab, server: SocketAddr) -> NodePlan {
@@ -446,10 +473,6 @@ fn run_connections(args: &Args, out: &mut String) -> anyhow::Result<()> {
     let service = SocketAddr::new(IpAddr::V4(LAB_SERVICE_IP), 80);
     let mut rows = Vec::new();
 
-    let direct = connect_latency(&lab, &client, server, args.connects)?;
-    let direct_bulk = throughput(&lab, &client, server, args.bulk_mib)?;
-    rows.push(("direct to the pod", direct, direct_bulk));
-
     // eBPF mode on the lab's node: attached to its cgroup, which holds the client thread.
     let bpf_root = std::env::temp_dir().join(format!("svcp-ebench-lab-{}", std::process::id()));
     let mut ebpf = EbpfBackend::new(EbpfOptions {
@@ -458,24 +481,19 @@ fn run_connections(args: &Args, out: &mut String) -> anyhow::Result<()> {
         sizes: sizes_for(args.others + 1, 10),
     });
     let synced = lab.run_in(&node_ns, || ebpf.sync(&plan, &PlanDiff::default()))?;
-    let measured = synced.map_err(|error| anyhow::anyhow!("eBPF sync: {error}")).and_then(|_| {
-        Ok((
-            connect_latency(&lab, &client, service, args.connects)?,
-            throughput(&lab, &client, service, args.bulk_mib)?,
-        ))
-    });
+    let measured = synced
+        .map_err(|error| anyhow::anyhow!("eBPF sync: {error}"))
+        .and_then(|_| paired(&lab, &client, service, server, args));
     let _ = ebpf.cleanup();
     let _ = svcplane_bpf::cleanup(&bpf_root);
-    let (latency, bulk) = measured?;
-    rows.push(("eBPF mode, ClusterIP", latency, bulk));
+    rows.push(("eBPF mode", measured?));
 
     // nftables mode on the same node, same plan.
     let mut nft = NftablesBackend::new(NftNetlink::in_network_namespace(&node_ns)?);
     nft.sync(&plan, &PlanDiff::default()).map_err(|error| anyhow::anyhow!("nftables sync: {error}"))?;
-    let latency = connect_latency(&lab, &client, service, args.connects)?;
-    let bulk = throughput(&lab, &client, service, args.bulk_mib)?;
+    let measured = paired(&lab, &client, service, server, args);
     let _ = nft.cleanup();
-    rows.push(("nftables mode, ClusterIP", latency, bulk));
+    rows.push(("nftables mode", measured?));
 
     stop.store(true, Ordering::Relaxed);
     let _ = handle.join();
@@ -486,18 +504,24 @@ fn run_connections(args: &Args, out: &mut String) -> anyhow::Result<()> {
         "#### TCP through a ClusterIP, {} other Services x 10 endpoints loaded ({} connects, {} MiB stream)\n",
         args.others, args.connects, args.bulk_mib
     )?;
-    writeln!(out, "| path | connect p50 | connect p99 | p50 / direct | p99 / direct | stream | stream / direct |")?;
-    writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")?;
-    let (base_latency, base_bulk) = (rows[0].1, rows[0].2);
-    for (path, (p50, p99), bulk) in &rows {
+    writeln!(
+        out,
+        "| mode | ClusterIP connect p50 / p99 | direct connect p50 / p99 | p50 ratio | p99 ratio | ClusterIP stream | direct stream | stream ratio |"
+    )?;
+    writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")?;
+    for (mode, paired) in &rows {
+        let gib = |bytes: f64| bytes / f64::from(1u32 << 30);
         let line = format!(
-            "| {path} | {} | {} | {:.2} | {:.2} | {:.2} GiB/s | {:.3} |",
-            show(*p50),
-            show(*p99),
-            p50.as_secs_f64() / base_latency.0.as_secs_f64(),
-            p99.as_secs_f64() / base_latency.1.as_secs_f64(),
-            bulk / f64::from(1 << 30),
-            bulk / base_bulk
+            "| {mode} | {} / {} | {} / {} | {:.2} | {:.2} | {:.2} GiB/s | {:.2} GiB/s | {:.3} |",
+            show(paired.service.0),
+            show(paired.service.1),
+            show(paired.direct.0),
+            show(paired.direct.1),
+            paired.service.0.as_secs_f64() / paired.direct.0.as_secs_f64(),
+            paired.service.1.as_secs_f64() / paired.direct.1.as_secs_f64(),
+            gib(paired.service_stream),
+            gib(paired.direct_stream),
+            paired.service_stream / paired.direct_stream
         );
         eprintln!("{line}");
         writeln!(out, "{line}")?;

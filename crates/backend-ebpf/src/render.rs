@@ -36,8 +36,8 @@ pub struct PortEntries {
     pub frontends: BTreeMap<ServiceKey, Decision>,
     /// ClientIP affinity timeout in seconds (0: none).
     pub affinity_seconds: u32,
-    /// Every endpoint still serving (ready or terminating): UDP flows already on one of
-    /// these stay there.
+    /// UDP ports: every endpoint still serving (ready or terminating); flows already on one
+    /// of these stay there. Empty for other protocols.
     pub serving: Vec<SocketAddr>,
 }
 
@@ -139,7 +139,10 @@ pub fn render_port(plan: &NodePlan, port: &ServicePortPlan, node: &NodeAddresses
         ..PortEntries::default()
     };
     let proto = protocol_number(port.protocol);
-    entries.serving = port.serving_endpoints.clone();
+    // Only UDP sockets look flows up (a TCP connection is its own flow).
+    if port.protocol == Protocol::Udp {
+        entries.serving = port.serving_endpoints.clone();
+    }
     for frontend in &port.frontends {
         for scope in [Scope::Node, Scope::Pod] {
             let decision = decide(plan, port, frontend, scope);

@@ -121,13 +121,11 @@ impl EbpfBackend {
             .chain(old_live.iter().map(|k| k.port_id));
         self.next_set = self.next_set.max(highest.max().unwrap_or(0).saturating_add(1));
 
-        let mut operations = 0;
         let mut record = BTreeMap::new();
-        let mut wanted_services = BTreeSet::new();
-        let mut wanted_backends = BTreeSet::new();
+        let mut bulk = Bulk::default();
         for (key, port) in &plan.service_ports {
             let entries = render_port(plan, port, &self.node);
-            // Fresh set ids: an id in use by an old entry is never overwritten under it.
+            // Fresh ids: an id in use by an old entry is never overwritten under it.
             let set_ids: BTreeMap<EndpointSetKind, u32> = entries
                 .sets
                 .keys()
@@ -140,19 +138,12 @@ impl EbpfBackend {
             let port_id = self.next_set;
             self.next_set += 1;
             let written = Written { entries, set_ids, port_id };
-            for live in written.live_keys() {
-                insert_live(lb, live)?;
-                operations += 1;
-            }
-            operations += write_sets(lb, &written, None)?;
-            operations += write_frontends(lb, &written)?;
-            wanted_services.extend(written.entries.frontends.keys().copied());
-            for (kind, id) in &written.set_ids {
-                let count = written.entries.sets[kind].len() as u32;
-                wanted_backends.extend((0..count).map(|slot| BackendKey { backend_set: *id, slot }));
-            }
+            bulk.add(&written);
             record.insert(key.clone(), written);
         }
+        let mut operations = bulk.write(lb)?;
+        let wanted_services: BTreeSet<ServiceKey> = bulk.service_keys.iter().copied().collect();
+        let wanted_backends: BTreeSet<BackendKey> = bulk.backend_keys.iter().copied().collect();
         let wanted_live: BTreeSet<LiveKey> = record.values().flat_map(Written::live_keys).collect();
         for key in old_live.difference(&wanted_live) {
             remove_live(lb, key)?;
@@ -229,6 +220,55 @@ impl EbpfBackend {
             self.record.insert(key.clone(), written);
         }
         Ok(SyncReport { full: false, service_ports: ports, operations })
+    }
+}
+
+/// Every entry of a full sync, written in bulk: slots and serving endpoints first, then the
+/// frontends that lead to them.
+#[derive(Debug, Default)]
+struct Bulk {
+    backend_keys: Vec<BackendKey>,
+    backend_values: Vec<BackendValue>,
+    live_keys: Vec<LiveKey>,
+    service_keys: Vec<ServiceKey>,
+    service_values: Vec<ServiceValue>,
+}
+
+impl Bulk {
+    fn add(&mut self, written: &Written) {
+        for (kind, endpoints) in &written.entries.sets {
+            let id = written.set_ids[kind];
+            for (slot, endpoint) in endpoints.iter().enumerate() {
+                self.backend_keys.push(BackendKey { backend_set: id, slot: slot as u32 });
+                self.backend_values.push(BackendValue::new(*endpoint));
+            }
+        }
+        self.live_keys.extend(written.live_keys());
+        for (key, decision) in &written.entries.frontends {
+            self.service_keys.push(*key);
+            self.service_values.push(service_value(written, *decision));
+        }
+    }
+
+    fn write(&self, lb: &SockLb) -> Result<usize, BpfError> {
+        use svcplane_bpf::maps::{BACKENDS_MAP, LIVE_MAP, SERVICES_MAP};
+        let batch = &lb.batch;
+        svcplane_bpf::sys::update_batch(&batch.backends, &self.backend_keys, &self.backend_values)
+            .map_err(|source| batch_error(BACKENDS_MAP, lb.sizes.backends, source))?;
+        let ones = vec![1u32; self.live_keys.len()];
+        svcplane_bpf::sys::update_batch(&batch.live, &self.live_keys, &ones)
+            .map_err(|source| batch_error(LIVE_MAP, lb.sizes.backends, source))?;
+        svcplane_bpf::sys::update_batch(&batch.services, &self.service_keys, &self.service_values)
+            .map_err(|source| batch_error(SERVICES_MAP, lb.sizes.services, source))?;
+        Ok(self.backend_keys.len() + self.live_keys.len() + self.service_keys.len())
+    }
+}
+
+/// A failed batched write: a full map (E2BIG / ENOSPC) is named as such.
+fn batch_error(map: &'static str, capacity: u32, source: std::io::Error) -> BpfError {
+    match source.raw_os_error() {
+        Some(libc_e2big) if libc_e2big == 7 || libc_e2big == 28 => BpfError::MapFull { map, capacity },
+        _ => BpfError::Io { what: format!("writing map {map} in bulk"), source },
     }
 }
 

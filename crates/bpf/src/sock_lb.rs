@@ -69,6 +69,8 @@ pub struct SockLb {
     pub reverse: HashMap<MapData, RevKey, RevValue>,
     /// Endpoints UDP flows may stay on (value unused, 1).
     pub live: HashMap<MapData, LiveKey, u32>,
+    /// The same three maps again, untyped, for batched writes ([`crate::sys::update_batch`]).
+    pub batch: BatchMaps,
     pub sizes: MapSizes,
     /// Whether programs were already linked by an earlier process (adopted, not attached).
     pub adopted: bool,
@@ -120,7 +122,17 @@ impl SockLb {
             adopted = false;
             attach(&mut ebpf, program, &cgroup, &pin)?;
         }
+        let pinned = |name: &'static str| {
+            MapData::from_pin(options.bpf_root.join(name)).map_err(|source| BpfError::Map {
+                map: name,
+                what: "opening its pin for batched writes".into(),
+                source: Box::new(source),
+            })
+        };
+        let batch =
+            BatchMaps { services: pinned(SERVICES_MAP)?, backends: pinned(BACKENDS_MAP)?, live: pinned(LIVE_MAP)? };
         Ok(Self {
+            batch,
             services: typed(&mut ebpf, SERVICES_MAP)?,
             backends: typed(&mut ebpf, BACKENDS_MAP)?,
             affinity: typed(&mut ebpf, AFFINITY_MAP)?,
@@ -130,6 +142,14 @@ impl SockLb {
             adopted,
         })
     }
+}
+
+/// Untyped handles of the maps a full sync fills in bulk.
+#[derive(Debug)]
+pub struct BatchMaps {
+    pub services: MapData,
+    pub backends: MapData,
+    pub live: MapData,
 }
 
 fn typed<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>

@@ -1,6 +1,8 @@
 //! Small pieces of the system around BPF: the cgroup2 mount, bpffs, and the network
 //! namespace cookie the programs compare against.
-#![allow(unsafe_code)] // getsockopt(SO_NETNS_COOKIE) has no safe wrapper in libc or nix 0.31.
+// getsockopt(SO_NETNS_COOKIE) has no safe wrapper in libc or nix 0.31, and aya 0.14 has no
+// batched map updates: both are raw calls here, and only here.
+#![allow(unsafe_code)]
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -106,6 +108,70 @@ pub fn local_addresses() -> Result<Vec<std::net::IpAddr>, BpfError> {
     found.sort();
     found.dedup();
     Ok(found)
+}
+
+/// `BPF_MAP_UPDATE_BATCH` (linux/bpf.h `enum bpf_cmd`).
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+/// The `batch` member of `union bpf_attr` (linux/bpf.h), padded to the union's size for
+/// this command.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Writes `keys[i] -> values[i]` into the map `map` in as few system calls as the kernel
+/// allows (`BPF_MAP_UPDATE_BATCH`, Linux 5.6), instead of one per entry. On error, the
+/// entries before the failing one are written; the error keeps the kernel's errno (E2BIG
+/// or ENOSPC when the map is full).
+pub fn update_batch<K: aya::Pod, V: aya::Pod>(
+    map: &aya::maps::MapData,
+    keys: &[K],
+    values: &[V],
+) -> std::io::Result<()> {
+    use std::os::fd::{AsFd, AsRawFd};
+    assert_eq!(keys.len(), values.len(), "one value per key");
+    let fd = map.fd().as_fd().as_raw_fd();
+    let mut done = 0;
+    while done < keys.len() {
+        let remaining = u32::try_from(keys.len() - done).unwrap_or(u32::MAX);
+        let mut attr = BatchAttr {
+            keys: keys[done..].as_ptr() as u64,
+            values: values[done..].as_ptr() as u64,
+            count: remaining,
+            map_fd: u32::try_from(fd).expect("file descriptors are not negative"),
+            ..BatchAttr::default()
+        };
+        // SAFETY: `attr` is a valid `bpf_attr.batch` for BPF_MAP_UPDATE_BATCH; `keys` and
+        // `values` point at `count` contiguous `K` and `V` (both `Pod`: plain bytes of the
+        // map's key and value size) that live for the whole call; the kernel only reads
+        // them and writes `attr.count`.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_UPDATE_BATCH,
+                (&raw mut attr).cast::<libc::c_void>(),
+                size_of::<BatchAttr>(),
+            )
+        };
+        let written = attr.count as usize;
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if written == 0 {
+            return Err(std::io::Error::other("BPF_MAP_UPDATE_BATCH wrote nothing"));
+        }
+        done += written;
+    }
+    Ok(())
 }
 
 /// The kernel memory (`memlock`, bytes) of every map pinned directly under `bpf_root`.
