@@ -208,3 +208,107 @@ pub fn render_text(plan: &NodePlan, node: &NodeAddresses) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use svcplane_core::{
+        Change, ClientIpAffinity, ClusterState, Endpoint, EndpointPort, EndpointSlice, NamespacedName, Node,
+        NodeConfig, Service, ServicePort, ServiceType, TrafficPolicy,
+    };
+
+    use super::*;
+
+    const NODE_IP: &str = "198.18.0.11";
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    fn plan_of(service: Service, endpoints: &[(&str, &str)]) -> NodePlan {
+        let mut state = ClusterState::new();
+        state.apply(Change::NodeUpserted(Node { name: "node1".into(), addresses: vec![ip(NODE_IP)], zone: None }));
+        let protocol = service.ports[0].protocol;
+        let slice = EndpointSlice {
+            name: NamespacedName::new("default", format!("{}-1", service.name.name)),
+            service: service.name.clone(),
+            family: IpFamily::V4,
+            ports: vec![EndpointPort { name: "p".into(), protocol, port: 8080 }],
+            endpoints: endpoints.iter().map(|(address, node)| Endpoint::ready(ip(address), Some(node))).collect(),
+        };
+        state.apply(Change::ServiceUpserted(service));
+        state.apply(Change::SliceUpserted(slice));
+        let config = NodeConfig {
+            node_name: "node1".into(),
+            node_ips: vec![ip(NODE_IP)],
+            cluster_cidrs: vec!["198.18.128.0/17".parse().unwrap()],
+            ..NodeConfig::default()
+        };
+        NodePlan::build(&state, config)
+    }
+
+    fn service(protocol: Protocol) -> Service {
+        let port = ServicePort { name: "p".into(), protocol, port: 80, node_port: Some(30080) };
+        let mut service =
+            Service::cluster_ip(NamespacedName::new("default", "web"), vec![ip("198.19.0.10")], vec![port]);
+        service.service_type = ServiceType::NodePort;
+        service
+    }
+
+    fn only_port(plan: &NodePlan, node: &NodeAddresses) -> PortEntries {
+        let all = render_all(plan, node);
+        assert_eq!(all.len(), 1, "one service port");
+        all.into_values().next().unwrap()
+    }
+
+    fn decision(entries: &PortEntries, address: &str, scope: Scope) -> Decision {
+        let key = entries.frontends.keys().find(|k| k.address() == address.parse().unwrap() && k.scope() == scope);
+        entries.frontends[key.unwrap_or_else(|| panic!("no entry for {address} {scope:?}: {:?}", entries.frontends))]
+    }
+
+    fn node() -> NodeAddresses {
+        NodeAddresses { local: vec![ip("127.0.0.1"), ip(NODE_IP)] }
+    }
+
+    #[test]
+    fn a_cluster_ip_and_a_node_port_balance_over_every_endpoint_for_the_node_and_its_pods() {
+        let plan = plan_of(service(Protocol::Tcp), &[("198.18.129.1", "node1"), ("198.18.130.1", "node2")]);
+        let entries = only_port(&plan, &node());
+        for scope in [Scope::Node, Scope::Pod] {
+            assert_eq!(decision(&entries, "198.19.0.10:80", scope), Decision::Balance(EndpointSetKind::Cluster));
+            assert_eq!(decision(&entries, "198.18.0.11:30080", scope), Decision::Balance(EndpointSetKind::Cluster));
+        }
+        assert_eq!(entries.sets[&EndpointSetKind::Cluster].len(), 2);
+        assert!(
+            !entries.frontends.keys().any(|k| k.address().ip().is_loopback()),
+            "NodePorts never answer on loopback"
+        );
+        assert!(entries.serving.is_empty(), "TCP ports need no serving-endpoint entries");
+    }
+
+    #[test]
+    fn a_service_without_endpoints_is_refused_and_one_without_local_endpoints_is_dropped_for_pods() {
+        let plan = plan_of(service(Protocol::Tcp), &[]);
+        assert_eq!(decision(&only_port(&plan, &node()), "198.19.0.10:80", Scope::Pod), Decision::Reject);
+
+        let mut local = service(Protocol::Tcp);
+        local.internal_traffic_policy = TrafficPolicy::Local;
+        let plan = plan_of(local, &[("198.18.130.1", "node2")]);
+        let entries = only_port(&plan, &node());
+        assert_eq!(decision(&entries, "198.19.0.10:80", Scope::Pod), Decision::Drop);
+    }
+
+    #[test]
+    fn udp_ports_list_their_serving_endpoints_and_affinity_carries_its_timeout() {
+        let mut udp = service(Protocol::Udp);
+        udp.session_affinity = Some(ClientIpAffinity { timeout: Duration::from_secs(90) });
+        let plan = plan_of(udp, &[("198.18.129.1", "node1")]);
+        let entries = only_port(&plan, &node());
+        assert_eq!(entries.serving, vec!["198.18.129.1:8080".parse::<SocketAddr>().unwrap()]);
+        assert_eq!(entries.affinity_seconds, 90);
+        let text = render_text(&plan, &node());
+        assert!(text.contains("affinity: ClientIP 90s"), "{text}");
+        assert!(text.contains("198.19.0.10:80/udp"), "{text}");
+    }
+}
