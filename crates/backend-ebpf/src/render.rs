@@ -4,7 +4,7 @@
 //! of the node; the plan's routes are evaluated once for each of those two sources, so the
 //! programs only look up (frontend, scope) and pick an endpoint.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
@@ -34,6 +34,11 @@ pub struct PortEntries {
     /// The endpoint sets some frontend balances over.
     pub sets: BTreeMap<EndpointSetKind, Vec<SocketAddr>>,
     pub frontends: BTreeMap<ServiceKey, Decision>,
+    /// Entries whose traffic the tc programs translate to the node's address.
+    pub masqueraded: BTreeSet<ServiceKey>,
+    /// External-scope entries only sources inside these ranges may use
+    /// (`loadBalancerSourceRanges`).
+    pub source_ranges: BTreeMap<ServiceKey, Vec<IpNet>>,
     /// ClientIP affinity timeout in seconds (0: none).
     pub affinity_seconds: u32,
     /// UDP ports: every endpoint still serving (ready or terminating); flows already on one
@@ -80,6 +85,8 @@ fn source_inside(plan: &NodePlan, family: IpFamily, scope: Scope, cidrs: &[IpNet
     match scope {
         Scope::Node => node_source(plan, family).is_some_and(|ip| cidrs.iter().any(|c| c.contains(&ip))),
         Scope::Pod => pod_inside(plan, family, cidrs),
+        // Routes test sources against the cluster CIDRs: an external source is outside them.
+        Scope::External => false,
     }
 }
 
@@ -92,23 +99,29 @@ fn matches(plan: &NodePlan, family: IpFamily, scope: Scope, sources: &SourceMatc
     }
 }
 
-/// The plan's answer for traffic from `scope` to `frontend`.
-pub fn decide(plan: &NodePlan, port: &ServicePortPlan, frontend: &Frontend, scope: Scope) -> Decision {
+/// The plan's answer for traffic from `scope` to `frontend`, and whether the route
+/// masquerades. External sources are checked against `allowed_sources` per packet (the tc
+/// programs' source-range map), so their answer assumes an allowed source.
+pub fn decide(plan: &NodePlan, port: &ServicePortPlan, frontend: &Frontend, scope: Scope) -> (Decision, bool) {
     let family = port.family;
-    if !frontend.allowed_sources.is_empty() && !source_inside(plan, family, scope, &frontend.allowed_sources) {
-        return Decision::Drop;
+    if scope != Scope::External
+        && !frontend.allowed_sources.is_empty()
+        && !source_inside(plan, family, scope, &frontend.allowed_sources)
+    {
+        return (Decision::Drop, false);
     }
     if let Some(route) = frontend.routes.iter().find(|r| matches(plan, family, scope, &r.sources)) {
         return if port.endpoints(route.endpoints).is_empty() {
-            Decision::Drop
+            (Decision::Drop, false)
         } else {
-            Decision::Balance(route.endpoints)
+            (Decision::Balance(route.endpoints), route.masquerade)
         };
     }
-    match frontend.unrouted {
+    let decision = match frontend.unrouted {
         Unrouted::Reject => Decision::Reject,
         Unrouted::Drop | Unrouted::Unreachable => Decision::Drop,
-    }
+    };
+    (decision, false)
 }
 
 /// Where a frontend listens on this node.
@@ -144,14 +157,20 @@ pub fn render_port(plan: &NodePlan, port: &ServicePortPlan, node: &NodeAddresses
         entries.serving = port.serving_endpoints.clone();
     }
     for frontend in &port.frontends {
-        for scope in [Scope::Node, Scope::Pod] {
-            let decision = decide(plan, port, frontend, scope);
+        for scope in [Scope::Node, Scope::Pod, Scope::External] {
+            let (decision, masquerade) = decide(plan, port, frontend, scope);
             if let Decision::Balance(set) = decision {
                 entries.sets.entry(set).or_insert_with(|| port.endpoints(set).to_vec());
             }
             for ip in frontend_addresses(plan, port.family, frontend, node) {
                 let key = ServiceKey::new(SocketAddr::new(ip, frontend.port), proto, scope);
                 entries.frontends.insert(key, decision);
+                if masquerade {
+                    entries.masqueraded.insert(key);
+                }
+                if scope == Scope::External && !frontend.allowed_sources.is_empty() {
+                    entries.source_ranges.insert(key, frontend.allowed_sources.clone());
+                }
             }
         }
     }
@@ -197,7 +216,16 @@ pub fn render_text(plan: &NodePlan, node: &NodeAddresses) -> String {
             let scope = match frontend.scope() {
                 Scope::Node => "node",
                 Scope::Pod => "pods",
+                Scope::External => "outside",
             };
+            let mut what = what;
+            if entries.masqueraded.contains(frontend) {
+                what.push_str(" (masquerade in tc)");
+            }
+            if let Some(ranges) = entries.source_ranges.get(frontend) {
+                let list: Vec<String> = ranges.iter().map(ToString::to_string).collect();
+                what.push_str(&format!(" (only from {})", list.join(", ")));
+            }
             let _ = writeln!(
                 out,
                 "  {:<48} {:<5} -> {what}",
@@ -310,5 +338,38 @@ mod tests {
         let text = render_text(&plan, &node());
         assert!(text.contains("affinity: ClientIP 90s"), "{text}");
         assert!(text.contains("198.19.0.10:80/udp"), "{text}");
+    }
+
+    #[test]
+    fn traffic_from_outside_is_masqueraded_under_cluster_policy_and_keeps_its_source_under_local_policy() {
+        let plan = plan_of(service(Protocol::Tcp), &[("198.18.129.1", "node1"), ("198.18.130.1", "node2")]);
+        let entries = only_port(&plan, &node());
+        let node_port = entries
+            .frontends
+            .keys()
+            .find(|k| k.address() == "198.18.0.11:30080".parse().unwrap() && k.scope() == Scope::External)
+            .copied()
+            .expect("an external entry for the NodePort");
+        assert_eq!(entries.frontends[&node_port], Decision::Balance(EndpointSetKind::Cluster));
+        assert!(entries.masqueraded.contains(&node_port), "Cluster policy masquerades external traffic");
+
+        let mut local = service(Protocol::Tcp);
+        local.service_type = ServiceType::LoadBalancer;
+        local.external_traffic_policy = TrafficPolicy::Local;
+        local.load_balancer_ingress =
+            vec![svcplane_core::LoadBalancerIngress { ip: ip("198.18.100.1"), is_proxy_mode: false }];
+        local.load_balancer_source_ranges = vec!["198.18.0.0/24".parse().unwrap()];
+        local.health_check_node_port = Some(30999);
+        let plan = plan_of(local, &[("198.18.129.1", "node1"), ("198.18.130.1", "node2")]);
+        let entries = only_port(&plan, &node());
+        let lb = entries
+            .frontends
+            .keys()
+            .find(|k| k.address() == "198.18.100.1:80".parse().unwrap() && k.scope() == Scope::External)
+            .copied()
+            .expect("an external entry for the load-balancer IP");
+        assert_eq!(entries.frontends[&lb], Decision::Balance(EndpointSetKind::Local));
+        assert!(!entries.masqueraded.contains(&lb), "Local policy keeps the client's address");
+        assert_eq!(entries.source_ranges[&lb], vec!["198.18.0.0/24".parse::<IpNet>().unwrap()]);
     }
 }

@@ -246,7 +246,7 @@ impl Bulk {
         self.live_keys.extend(written.live_keys());
         for (key, decision) in &written.entries.frontends {
             self.service_keys.push(*key);
-            self.service_values.push(service_value(written, *decision));
+            self.service_values.push(service_value(written, key, *decision));
         }
     }
 
@@ -293,13 +293,19 @@ fn write_sets(lb: &mut SockLb, written: &Written, old: Option<&Written>) -> Resu
     Ok(operations)
 }
 
-fn service_value(written: &Written, decision: Decision) -> ServiceValue {
-    let affinity = if written.entries.affinity_seconds > 0 { ServiceFlags::AFFINITY } else { 0 };
+fn service_value(written: &Written, key: &ServiceKey, decision: Decision) -> ServiceValue {
+    let mut flags = if written.entries.affinity_seconds > 0 { ServiceFlags::AFFINITY } else { 0 };
+    if written.entries.masqueraded.contains(key) {
+        flags |= ServiceFlags::MASQUERADE;
+    }
+    if written.entries.source_ranges.contains_key(key) {
+        flags |= ServiceFlags::SOURCE_RANGES;
+    }
     match decision {
         Decision::Balance(kind) => ServiceValue {
             backend_set: written.set_ids[&kind],
             count: written.entries.sets[&kind].len() as u32,
-            flags: affinity,
+            flags,
             affinity_timeout: written.entries.affinity_seconds,
             port_id: written.port_id,
         },
@@ -314,7 +320,7 @@ fn service_value(written: &Written, decision: Decision) -> ServiceValue {
 
 fn write_frontends(lb: &mut SockLb, written: &Written) -> Result<usize, BpfError> {
     for (key, decision) in &written.entries.frontends {
-        let value = service_value(written, *decision);
+        let value = service_value(written, key, *decision);
         lb.services
             .insert(*key, value, 0)
             .map_err(|source| map_error(svcplane_bpf::maps::SERVICES_MAP, lb.sizes.services, *key, source))?;

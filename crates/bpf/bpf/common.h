@@ -17,11 +17,15 @@
  * from this node itself (the node's network namespace) and from its pods. */
 #define SCOPE_NODE 0
 #define SCOPE_POD 1
+/* tc programs: a packet from outside the cluster CIDRs. */
+#define SCOPE_EXTERNAL 2
 
 /* svc_value.flags */
 #define SVC_F_REJECT 1   /* no endpoint at all: refuse (ECONNREFUSED / reset / ICMP) */
 #define SVC_F_DROP 2     /* endpoints exist, not for this traffic: drop */
 #define SVC_F_AFFINITY 4 /* ClientIP affinity, affinity_timeout seconds */
+#define SVC_F_MASQ 8 /* tc: SNAT to the node's address */
+#define SVC_F_SOURCE_RANGES 16 /* tc: only sources inside the frontend's ranges */
 
 #define MAX_BACKENDS_PER_SET 65536
 

@@ -58,8 +58,11 @@ fn port_host(stored: u16) -> u16 {
 pub enum Scope {
     /// A socket in the node's own network namespace.
     Node = 0,
-    /// A socket in any other network namespace of the cgroup: a pod of this node.
+    /// A socket in any other network namespace of the cgroup: a pod of this node (and, in
+    /// the tc programs, a packet from a pod of another node: inside the cluster CIDRs).
     Pod = 1,
+    /// A packet from outside the cluster arriving at the node (tc programs only).
+    External = 2,
 }
 
 /// A Service frontend: address, port, protocol, for one scope.
@@ -82,7 +85,11 @@ impl ServiceKey {
     }
 
     pub fn scope(&self) -> Scope {
-        if self.scope == Scope::Node as u8 { Scope::Node } else { Scope::Pod }
+        match self.scope {
+            0 => Scope::Node,
+            1 => Scope::Pod,
+            _ => Scope::External,
+        }
     }
 }
 
@@ -113,6 +120,10 @@ impl ServiceFlags {
     pub const DROP: u32 = 2;
     /// ClientIP affinity with `affinity_timeout` seconds.
     pub const AFFINITY: u32 = 4;
+    /// Translate the source to the node's address (tc programs; sockets translate nothing).
+    pub const MASQUERADE: u32 = 8;
+    /// Only sources inside the frontend's `loadBalancerSourceRanges` (tc programs).
+    pub const SOURCE_RANGES: u32 = 16;
 }
 
 /// What a frontend leads to: a backend set, its size and how to treat it.
