@@ -3,6 +3,7 @@
 mod cli;
 mod controller;
 mod dns;
+mod explain;
 mod feeds;
 mod lab;
 mod modes;
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Proxy(args) => proxy::run(&args),
         Command::Render(args) => proxy::render(&args),
+        Command::Explain(args) => explain::run(&args),
         Command::Controller(args) => controller::run(&args),
         Command::Dns(args) => dns::run(&args),
         Command::Cleanup => proxy::cleanup(),

@@ -9,6 +9,7 @@
 pub mod conntrack;
 pub mod dataplane;
 pub mod discovery;
+pub mod explain;
 pub mod model;
 pub mod plan;
 pub mod selection;
