@@ -26,6 +26,9 @@ pub enum Command {
     Render(ProxyArgs),
     /// Say what happens to one packet on a node and why, from the plan every mode renders.
     Explain(ExplainArgs),
+    /// Per-Service and per-endpoint connection counters from the kernel, busiest first,
+    /// refreshing (needs the rights to read the mode's rules, usually root).
+    Top(TopArgs),
     /// The EndpointSlice controller: with `--kubeconfig`, against the API until SIGTERM /
     /// SIGINT; with `--manifests`, print the slices and allocations it derives.
     Controller(ControllerArgs),
@@ -163,6 +166,27 @@ pub struct ExplainArgs {
     /// As `proxy --nodeport-addresses` (repeatable).
     #[arg(long = "nodeport-addresses", value_name = "CIDR|primary")]
     pub nodeport_addresses: Vec<String>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TopArgs {
+    /// The mode whose rules to read, as the node's proxy runs.
+    #[arg(long, value_enum, default_value = "nftables")]
+    pub mode: Mode,
+    /// The iptables variant of `--mode iptables`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub iptables_backend: IptablesBackend,
+    /// Time between refreshes.
+    #[arg(long, value_name = "MILLISECONDS", default_value_t = 1000)]
+    pub interval_ms: u64,
+    /// Stop after this many refreshes (default: until Ctrl-C).
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+    /// At most this many endpoint series are shown; the rest are summed into one line.
+    #[arg(long, value_name = "N", default_value_t = svcplane_core::counters::DEFAULT_MAX_SERIES)]
+    pub max_series: usize,
     #[arg(long, value_enum, default_value = "text")]
     pub output: Output,
 }

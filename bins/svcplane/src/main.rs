@@ -8,6 +8,7 @@ mod feeds;
 mod lab;
 mod modes;
 mod proxy;
+mod top;
 
 use std::process::ExitCode;
 
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
         Command::Proxy(args) => proxy::run(&args),
         Command::Render(args) => proxy::render(&args),
         Command::Explain(args) => explain::run(&args),
+        Command::Top(args) => top::run(&args),
         Command::Controller(args) => controller::run(&args),
         Command::Dns(args) => dns::run(&args),
         Command::Cleanup => proxy::cleanup(),

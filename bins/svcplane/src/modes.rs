@@ -64,3 +64,12 @@ pub fn for_render(mode: Mode) -> Box<dyn Dataplane> {
         Mode::Iptables => Box::new(IptablesBackend::new(svcplane_iptables::FakeIptables::new())),
     }
 }
+
+/// A dataplane of `mode` that only reads the kernel's counters (`svcplane top`): nothing is
+/// written, nothing opened before the first read.
+pub fn for_counters(mode: Mode, iptables_backend: IptablesVariant) -> Box<dyn Dataplane> {
+    match mode {
+        Mode::Nftables => Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new()))),
+        Mode::Iptables => Box::new(IptablesBackend::new(IptablesCli::new(iptables_variant(iptables_backend)))),
+    }
+}

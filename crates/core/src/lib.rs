@@ -7,6 +7,7 @@
 //! when to masquerade, what to do with no endpoints) is decided here and nowhere else.
 
 pub mod conntrack;
+pub mod counters;
 pub mod dataplane;
 pub mod discovery;
 pub mod explain;

@@ -826,3 +826,72 @@ pub fn eventually<T>(limit: Duration, mut attempt: impl FnMut() -> Option<T>) ->
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Connections of each protocol the counters test sends to the echo Service's ClusterIP.
+const COUNTED_CONNECTIONS: usize = 12;
+
+/// `svcplane top --count 1 --output json` in node1: the echo Service's per-endpoint
+/// connection counters, per protocol.
+fn echo_counters(cluster: &Cluster) -> Result<BTreeMap<(String, SocketAddr), u64>, String> {
+    let lab = cluster.lab();
+    let mut args: Vec<&str> = vec![env!("CARGO_BIN_EXE_svcplane"), "top", "--count", "1", "--output", "json"];
+    args.extend(["--max-series", "100000"]);
+    args.extend(cluster.backend().proxy_args.iter().copied());
+    let text =
+        lab.exec_ok(lab.node(THIS_NODE).namespace_name(), &args).map_err(|error| format!("svcplane top: {error}"))?;
+    let json: serde_json::Value =
+        serde_json::from_str(text.trim()).map_err(|error| format!("svcplane top printed no JSON ({error}): {text}"))?;
+    let echo = format!("default/{}", manifests::ECHO_SERVICE);
+    let mut counters = BTreeMap::new();
+    for series in json["endpoints"].as_array().into_iter().flatten() {
+        let service = series["servicePort"].as_str().unwrap_or_default();
+        if service != echo && !service.starts_with(&format!("{echo}:")) {
+            continue;
+        }
+        let protocol = series["protocol"].as_str().unwrap_or_default().to_owned();
+        let endpoint: SocketAddr = series["endpoint"]
+            .as_str()
+            .and_then(|e| e.parse().ok())
+            .ok_or_else(|| format!("a series without an endpoint: {series}"))?;
+        let connections = series["connections"].as_u64().ok_or_else(|| format!("no connections in {series}"))?;
+        *counters.entry((protocol, endpoint)).or_default() += connections;
+    }
+    Ok(counters)
+}
+
+/// Sends [`COUNTED_CONNECTIONS`] TCP connections and as many UDP flows (fresh source port
+/// each) from a pod on node1 to the echo Service's IPv4 ClusterIP and checks that node1's
+/// kernel counters grew by exactly the connections each endpoint answered, per protocol.
+pub fn check_connection_counters(cluster: &Cluster) {
+    let echo = cluster.service(manifests::ECHO_SERVICE).expect("the echo Service");
+    let target = echo.cluster_ip_address(false).expect("an IPv4 ClusterIP");
+    let lab = cluster.lab();
+    let namespace = lab.pod(manifests::POD_ON_THIS_NODE).namespace_name().to_owned();
+    let before = echo_counters(cluster).unwrap_or_else(|error| panic!("reading the counters before: {error}"));
+    let mut answered: BTreeMap<(String, SocketAddr), u64> = BTreeMap::new();
+    for protocol in [Protocol::Tcp, Protocol::Udp] {
+        for sent in 0..COUNTED_CONNECTIONS {
+            let reply = net::request(lab, &namespace, protocol, target, None, ANSWER_TIMEOUT)
+                .unwrap_or_else(|error| panic!("{protocol} connection {} to {target}: {error}", sent + 1));
+            let endpoint = SocketAddr::new(manifests::pod_ip(&reply.server_name, super::Family::V4), echo.target_port);
+            *answered.entry((protocol.to_string(), endpoint)).or_default() += 1;
+        }
+    }
+    let after = echo_counters(cluster).unwrap_or_else(|error| panic!("reading the counters after: {error}"));
+    let grown: BTreeMap<(String, SocketAddr), u64> = after
+        .iter()
+        .map(|(key, now)| (key.clone(), now.saturating_sub(before.get(key).copied().unwrap_or(0))))
+        .filter(|(_, grew)| *grew > 0)
+        .collect();
+    assert_eq!(
+        grown,
+        answered,
+        "on the {} backend, node1's counters grew by {grown:?} while the endpoints answered {answered:?} \
+         (counters before {before:?}, after {after:?})",
+        cluster.backend().name
+    );
+    eprintln!(
+        "ok: on the {} backend node1's counters grew by exactly what was answered: {grown:?}",
+        cluster.backend().name
+    );
+}
