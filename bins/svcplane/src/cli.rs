@@ -24,6 +24,11 @@ pub enum Command {
     Proxy(ProxyArgs),
     /// Print what `proxy` would program, touching nothing (no root needed).
     Render(ProxyArgs),
+    /// Say what happens to one packet on a node and why, from the plan every mode renders.
+    Explain(ExplainArgs),
+    /// Per-Service and per-endpoint connection counters from the kernel, busiest first,
+    /// refreshing (needs the rights to read the mode's rules, usually root).
+    Top(TopArgs),
     /// The EndpointSlice controller: with `--kubeconfig`, against the API until SIGTERM /
     /// SIGINT; with `--manifests`, print the slices and allocations it derives.
     Controller(ControllerArgs),
@@ -171,6 +176,77 @@ pub struct CleanupArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// The node whose rules the packet meets first, as in Pod.spec.nodeName.
+    #[arg(long = "node", visible_alias = "node-name", value_name = "NAME")]
+    pub node_name: String,
+    /// The packet's source address.
+    #[arg(long, value_name = "IP")]
+    pub from: IpAddr,
+    /// The packet's destination: `ADDRESS:PORT/PROTO` (`[2001:db8::1]:80/udp`; tcp, udp, sctp).
+    #[arg(long, value_name = "DST:PORT/PROTO", value_parser = parse_destination)]
+    pub to: (SocketAddr, svcplane_core::Protocol),
+    /// The node's addresses, as `proxy --node-ip` (repeatable; default: from the Node object).
+    #[arg(long = "node-ip", value_name = "IP")]
+    pub node_ips: Vec<IpAddr>,
+    /// Further addresses the node has (where NodePorts also answer by default), repeatable.
+    #[arg(long = "local-address", value_name = "IP")]
+    pub local_addresses: Vec<IpAddr>,
+    /// As `proxy --cluster-cidr` (repeatable).
+    #[arg(long = "cluster-cidr", value_name = "CIDR")]
+    pub cluster_cidrs: Vec<IpNet>,
+    /// As `proxy --nodeport-addresses` (repeatable).
+    #[arg(long = "nodeport-addresses", value_name = "CIDR|primary")]
+    pub nodeport_addresses: Vec<String>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TopArgs {
+    /// The mode whose rules to read, as the node's proxy runs.
+    #[arg(long, value_enum, default_value = "nftables")]
+    pub mode: Mode,
+    /// The iptables variant of `--mode iptables`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub iptables_backend: IptablesBackend,
+    /// Time between refreshes.
+    #[arg(long, value_name = "MILLISECONDS", default_value_t = 1000)]
+    pub interval_ms: u64,
+    /// Stop after this many refreshes (default: until Ctrl-C).
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+    /// At most this many endpoint series are shown; the rest are summed into one line.
+    #[arg(long, value_name = "N", default_value_t = svcplane_core::counters::DEFAULT_MAX_SERIES)]
+    pub max_series: usize,
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+/// How a report is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// For people.
+    Text,
+    /// One JSON object, for scripts and tests.
+    Json,
+}
+
+/// `ADDRESS:PORT/PROTO`.
+fn parse_destination(text: &str) -> Result<(SocketAddr, svcplane_core::Protocol), String> {
+    let (address, protocol) = text
+        .rsplit_once('/')
+        .ok_or_else(|| format!("{text:?}: expected ADDRESS:PORT/PROTO, e.g. 198.19.0.10:80/tcp"))?;
+    let address: SocketAddr =
+        address.parse().map_err(|_| format!("{text:?}: {address:?} is not ADDRESS:PORT ([v6]:PORT for IPv6)"))?;
+    let protocol = svcplane_core::Protocol::from_kubernetes(&protocol.to_ascii_uppercase())
+        .ok_or_else(|| format!("{text:?}: protocol {protocol:?} is not tcp, udp or sctp"))?;
+    Ok((address, protocol))
+}
+
+#[derive(Debug, Clone, Args)]
 pub struct ControllerArgs {
     #[command(flatten)]
     pub source: SourceArgs,
@@ -264,5 +340,14 @@ mod tests {
         assert_eq!(parse_upstream("[::1]:5353"), Ok("[::1]:5353".parse().unwrap()));
         assert_eq!(parse_upstream("::1"), Ok("[::1]:53".parse().unwrap()));
         assert!(parse_upstream("dns.example").is_err());
+    }
+
+    #[test]
+    fn an_explain_destination_is_an_address_a_port_and_a_protocol() {
+        use svcplane_core::Protocol;
+        assert_eq!(parse_destination("198.19.0.10:80/tcp"), Ok(("198.19.0.10:80".parse().unwrap(), Protocol::Tcp)));
+        assert_eq!(parse_destination("[2001:db8::1]:53/UDP"), Ok(("[2001:db8::1]:53".parse().unwrap(), Protocol::Udp)));
+        assert!(parse_destination("198.19.0.10:80").unwrap_err().contains("ADDRESS:PORT/PROTO"));
+        assert!(parse_destination("198.19.0.10:80/icmp").unwrap_err().contains("not tcp, udp or sctp"));
     }
 }

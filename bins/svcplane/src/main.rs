@@ -3,10 +3,12 @@
 mod cli;
 mod controller;
 mod dns;
+mod explain;
 mod feeds;
 mod lab;
 mod modes;
 mod proxy;
+mod top;
 
 use std::process::ExitCode;
 
@@ -27,6 +29,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Proxy(args) => proxy::run(&args),
         Command::Render(args) => proxy::render(&args),
+        Command::Explain(args) => explain::run(&args),
+        Command::Top(args) => top::run(&args),
         Command::Controller(args) => controller::run(&args),
         Command::Dns(args) => dns::run(&args),
         Command::Cleanup(args) => proxy::cleanup(&args),

@@ -14,25 +14,34 @@ use crate::cli::{CleanupArgs, ProxyArgs};
 use crate::{feeds, modes};
 
 pub fn node_config(args: &ProxyArgs) -> anyhow::Result<NodeConfig> {
-    let node_port_addresses = if args.nodeport_addresses.is_empty() {
+    node_config_of(&args.node_name, &args.node_ips, &args.cluster_cidrs, &args.nodeport_addresses)
+}
+
+/// The plan settings from the node flags every planning command shares.
+pub fn node_config_of(
+    node_name: &str,
+    node_ips: &[std::net::IpAddr],
+    cluster_cidrs: &[ipnet::IpNet],
+    nodeport_addresses: &[String],
+) -> anyhow::Result<NodeConfig> {
+    let node_port_addresses = if nodeport_addresses.is_empty() {
         NodePortAddresses::AllLocal
-    } else if args.nodeport_addresses.iter().any(|a| a == "primary") {
-        if args.nodeport_addresses.len() > 1 {
+    } else if nodeport_addresses.iter().any(|a| a == "primary") {
+        if nodeport_addresses.len() > 1 {
             bail!("--nodeport-addresses: `primary` cannot be combined with CIDRs");
         }
         NodePortAddresses::Primary
     } else {
-        let cidrs = args
-            .nodeport_addresses
+        let cidrs = nodeport_addresses
             .iter()
             .map(|value| value.parse().with_context(|| format!("--nodeport-addresses: {value:?} is not a CIDR")))
             .collect::<anyhow::Result<Vec<_>>>()?;
         NodePortAddresses::Cidrs(cidrs)
     };
     Ok(NodeConfig {
-        node_name: args.node_name.clone(),
-        node_ips: args.node_ips.clone(),
-        cluster_cidrs: args.cluster_cidrs.clone(),
+        node_name: node_name.to_owned(),
+        node_ips: node_ips.to_vec(),
+        cluster_cidrs: cluster_cidrs.to_vec(),
         node_port_addresses,
     })
 }

@@ -463,3 +463,17 @@ macro_rules! variant_tests {
 
 variant_tests!(legacy, LEGACY);
 variant_tests!(nft, NFT);
+
+#[test]
+fn the_kernels_per_endpoint_counters_grow_by_exactly_the_connections_each_endpoint_answered_in_both_variants() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "the_kernels_per_endpoint_counters_grow_by_exactly_the_connections_each_endpoint_answered_in_both_variants",
+    ) {
+        return;
+    }
+    for backend in [LEGACY, NFT] {
+        let cluster = Cluster::start(backend);
+        scenarios::real::check_connection_counters(&cluster);
+        cluster.teardown();
+    }
+}

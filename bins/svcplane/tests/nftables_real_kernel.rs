@@ -392,3 +392,15 @@ fn a_flushed_svcplane_table_is_put_back_within_five_seconds() {
         "nft", "flush", "table", "ip", "svcplane",
     ]]);
 }
+
+#[test]
+fn the_kernels_per_endpoint_counters_grow_by_exactly_the_connections_each_endpoint_answered() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "the_kernels_per_endpoint_counters_grow_by_exactly_the_connections_each_endpoint_answered",
+    ) {
+        return;
+    }
+    let cluster = Cluster::start(NFTABLES);
+    scenarios::real::check_connection_counters(&cluster);
+    cluster.teardown();
+}

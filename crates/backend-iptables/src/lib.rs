@@ -10,6 +10,7 @@
 //! mechanism (the legacy or nft programs, or the in-memory fake in tests). It never touches
 //! a chain it does not own, so it shares the tables with other software.
 
+pub mod counters;
 pub mod names;
 pub mod render;
 pub mod sync;

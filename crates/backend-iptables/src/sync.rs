@@ -622,4 +622,8 @@ impl<I: Iptables + Send + std::fmt::Debug> Dataplane for IptablesBackend<I> {
             Err(error) => Err(error.into()),
         }
     }
+
+    fn counters(&mut self) -> Result<Vec<svcplane_core::counters::EndpointCounter>, DataplaneError> {
+        Ok(crate::counters::read(&self.iptables, &self.families)?)
+    }
 }

@@ -6,6 +6,7 @@
 //! either: it hands transactions to a [`svcplane_nft::Nftables`] mechanism (the `nft`
 //! command, or the in-memory fake in tests).
 
+pub mod counters;
 pub mod names;
 pub mod render;
 pub mod sync;

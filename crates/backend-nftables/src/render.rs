@@ -297,6 +297,7 @@ fn endpoint_chain_rules(chain: &str, plan: &ServicePortPlan, set: EndpointSetKin
                     }),
                     l4proto(),
                     Statement::UpdateSet { keys: vec![Expr::SourceAddress], set: set_name },
+                    Statement::Counter,
                     dnat(endpoint),
                 ],
                 comment: None,
@@ -304,7 +305,7 @@ fn endpoint_chain_rules(chain: &str, plan: &ServicePortPlan, set: EndpointSetKin
         }
     }
     for (index, endpoint) in endpoints.iter().enumerate() {
-        let mut statements = Vec::with_capacity(4);
+        let mut statements = Vec::with_capacity(5);
         let remaining = count - index;
         if remaining > 1 {
             statements.push(Statement::Match(Match::Compare {
@@ -318,6 +319,8 @@ fn endpoint_chain_rules(chain: &str, plan: &ServicePortPlan, set: EndpointSetKin
             statements
                 .push(Statement::UpdateSet { keys: vec![Expr::SourceAddress], set: affinity_set_name(plan, endpoint) });
         }
+        // Per-endpoint connection counters (read by the `counters` module): NAT sees each new connection once.
+        statements.push(Statement::Counter);
         statements.push(dnat(endpoint));
         rules.push(Rule { chain: chain.to_owned(), statements, comment: None });
     }

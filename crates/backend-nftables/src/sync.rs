@@ -435,4 +435,9 @@ impl<N: Nftables + Send + std::fmt::Debug> Dataplane for NftablesBackend<N> {
     fn cleanup(&mut self) -> Result<bool, DataplaneError> {
         Ok(NftablesBackend::cleanup(self)?)
     }
+
+    /// Read with the `nft` command whatever mechanism writes: a listing, never a sync.
+    fn counters(&mut self) -> Result<Vec<svcplane_core::counters::EndpointCounter>, DataplaneError> {
+        Ok(crate::counters::read(&svcplane_nft::NftCli::new(), &self.families)?)
+    }
 }

@@ -43,4 +43,10 @@ pub trait Dataplane: Send + std::fmt::Debug {
 
     /// Removes everything this mode programmed. Returns whether anything was there.
     fn cleanup(&mut self) -> Result<bool, DataplaneError>;
+
+    /// The kernel's per-endpoint connection counters of what this mode programmed (see
+    /// [`crate::counters`]). A mode that keeps none says so.
+    fn counters(&mut self) -> Result<Vec<crate::counters::EndpointCounter>, DataplaneError> {
+        Err(format!("{} mode keeps no traffic counters", self.mode()).into())
+    }
 }

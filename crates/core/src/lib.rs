@@ -7,8 +7,10 @@
 //! when to masquerade, what to do with no endpoints) is decided here and nowhere else.
 
 pub mod conntrack;
+pub mod counters;
 pub mod dataplane;
 pub mod discovery;
+pub mod explain;
 pub mod model;
 pub mod plan;
 pub mod selection;

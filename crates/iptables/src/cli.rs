@@ -191,6 +191,15 @@ impl Iptables for IptablesCli {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
+    fn save_with_counters(&self, family: Family, table: Table) -> Result<String, IptablesError> {
+        let program = self.variant.program(family, Tool::Save);
+        let output = self.run_save(&program, &["-c", "-t", table.name()])?;
+        if !output.status.success() {
+            return Err(IptablesError::Read { program, family, table, message: failure_text(&output) });
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
     fn save_all(&self, family: Family) -> Result<String, IptablesError> {
         let program = self.variant.program(family, Tool::Save);
         let output = self.run_save(&program, &[])?;

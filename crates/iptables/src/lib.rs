@@ -52,6 +52,12 @@ pub trait Iptables {
     /// `iptables -t TABLE -S CHAIN`: the chain's definition and rules as text, or `None`
     /// if the chain does not exist.
     fn list_chain(&self, family: Family, table: Table, chain: &str) -> Result<Option<String>, IptablesError>;
+
+    /// `iptables-save -c -t TABLE`: the table with each rule's `[packets:bytes]` counters.
+    /// A mechanism without counters lists the table without them.
+    fn save_with_counters(&self, family: Family, table: Table) -> Result<String, IptablesError> {
+        self.save(family, table)
+    }
 }
 
 /// The `-A CHAIN ...` rule lines of `iptables -S CHAIN` output.

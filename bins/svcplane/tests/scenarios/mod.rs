@@ -20,6 +20,7 @@
 // Every backend's test crate includes this module and uses its own subset of it.
 #![allow(dead_code, unused_imports)]
 
+pub mod agreement;
 pub mod backends;
 pub mod cluster;
 pub mod fake;

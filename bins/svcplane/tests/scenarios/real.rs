@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use svcplane_testbed::EchoReply;
 
+use super::agreement::{self, Prediction, Seen};
 use super::cluster::Cluster;
 use super::manifests::{self, CLIENT_INSIDE_RANGES, CLIENT_OUTSIDE_RANGES, ServiceSpec, THIS_NODE};
 use super::net::{self, Conversation, Failure};
@@ -259,14 +260,26 @@ const EPERM: i32 = 1;
 /// What an Answered row saw: pod name -> replies.
 type Answers = BTreeMap<String, usize>;
 
-fn expect_answered(cluster: &Cluster, probe: &Probe, by: &[&str], source: SourceSeen) -> Result<String, String> {
+fn expect_answered(
+    cluster: &Cluster,
+    probe: &Probe,
+    by: &[&str],
+    source: SourceSeen,
+) -> Result<(String, Seen), String> {
     let allowed: BTreeSet<&str> = by.iter().copied().collect();
     let mut answers = Answers::new();
+    let (mut masqueraded, mut hairpin_masqueraded) = (BTreeSet::new(), BTreeSet::new());
+    let seen = |answers: &Answers, masqueraded: &BTreeSet<bool>, hairpin_masqueraded: &BTreeSet<bool>| Seen::Answered {
+        pods: answers.keys().cloned().collect(),
+        masqueraded: masqueraded.clone(),
+        hairpin_masqueraded: hairpin_masqueraded.clone(),
+        all: true,
+    };
     let started = Instant::now();
     for sent in 0..MAX_ANSWER_PROBES {
         let all_answered = allowed.iter().all(|pod| answers.contains_key(*pod));
         if sent >= MIN_ANSWER_PROBES && all_answered {
-            return Ok(format!("answers {answers:?}"));
+            return Ok((format!("answers {answers:?}"), seen(&answers, &masqueraded, &hairpin_masqueraded)));
         }
         if started.elapsed() > ROW_DEADLINE {
             break;
@@ -278,16 +291,22 @@ fn expect_answered(cluster: &Cluster, probe: &Probe, by: &[&str], source: Source
             return Err(format!("answered by {}, which is not one of {by:?}", reply.server_name));
         }
         probe.resolved.check_source(source, &reply)?;
+        let masquerade = agreement::saw_node_address(probe.resolved.client_ip, reply.client_addr.ip());
+        if probe.resolved.sender_pod == Some(reply.server_name.as_str()) {
+            hairpin_masqueraded.insert(masquerade);
+        } else {
+            masqueraded.insert(masquerade);
+        }
         *answers.entry(reply.server_name).or_default() += 1;
     }
     let missing: Vec<&str> = allowed.iter().copied().filter(|pod| !answers.contains_key(*pod)).collect();
     if missing.is_empty() {
-        return Ok(format!("answers {answers:?}"));
+        return Ok((format!("answers {answers:?}"), seen(&answers, &masqueraded, &hairpin_masqueraded)));
     }
     Err(format!("{missing:?} never answered in {} probes; answers {answers:?}", answers.values().sum::<usize>()))
 }
 
-fn expect_rejected(cluster: &Cluster, probe: &Probe) -> Result<String, String> {
+fn expect_rejected(cluster: &Cluster, probe: &Probe) -> Result<(String, Seen), String> {
     for _ in 0..REJECT_PROBES {
         let started = Instant::now();
         let result = probe_unanswered(cluster, probe, ANSWER_TIMEOUT);
@@ -309,10 +328,10 @@ fn expect_rejected(cluster: &Cluster, probe: &Probe) -> Result<String, String> {
             }
         }
     }
-    Ok("refused".to_owned())
+    Ok(("refused".to_owned(), Seen::Refused))
 }
 
-fn expect_dropped(cluster: &Cluster, probe: &Probe) -> Result<String, String> {
+fn expect_dropped(cluster: &Cluster, probe: &Probe) -> Result<(String, Seen), String> {
     for _ in 0..DROP_PROBES {
         match probe_unanswered(cluster, probe, DROP_TIMEOUT) {
             Err(reply) => {
@@ -326,7 +345,7 @@ fn expect_dropped(cluster: &Cluster, probe: &Probe) -> Result<String, String> {
             Ok(Unanswered::Other(error)) => return Err(format!("expected silence (dropped), got `{error}`")),
         }
     }
-    Ok("dropped".to_owned())
+    Ok(("dropped".to_owned(), Seen::Silent))
 }
 
 /// Whether `text` names `address` (as a whole token, so `198.18.100.1` does not match
@@ -369,10 +388,10 @@ fn ruleset_checks(cluster: &Cluster, probe: &Probe, whole_service: bool) -> Resu
     Ok(())
 }
 
-fn expect_not_served(cluster: &Cluster, probe: &Probe, whole_service: bool) -> Result<String, String> {
+fn expect_not_served(cluster: &Cluster, probe: &Probe, whole_service: bool) -> Result<(String, Seen), String> {
     ruleset_checks(cluster, probe, whole_service)?;
     if probe.resolved.target.is_none() {
-        return Ok("not in the ruleset".to_owned());
+        return Ok(("not in the ruleset".to_owned(), Seen::NotServed));
     }
     let mut seen = Vec::new();
     for _ in 0..DROP_PROBES {
@@ -388,10 +407,10 @@ fn expect_not_served(cluster: &Cluster, probe: &Probe, whole_service: bool) -> R
             Ok(Unanswered::Other(error)) => seen.push(error),
         }
     }
-    Ok(format!("not served: {}", seen.join(", ")))
+    Ok((format!("not served: {}", seen.join(", ")), Seen::NotServed))
 }
 
-fn expect_health(cluster: &Cluster, probe: &Probe, local_endpoints: usize) -> Result<String, String> {
+fn expect_health(cluster: &Cluster, probe: &Probe, local_endpoints: usize) -> Result<(String, Seen), String> {
     let (status, body) = net::http_get(cluster.lab(), &probe.namespace, probe.target(), ANSWER_TIMEOUT)
         .map_err(|error| format!("health check request: {error}"))?;
     let expected_status = if local_endpoints > 0 { 200 } else { 503 };
@@ -402,7 +421,13 @@ fn expect_health(cluster: &Cluster, probe: &Probe, local_endpoints: usize) -> Re
     if status != expected_status || body.trim() != expected_body {
         return Err(format!("got {status} {body:?}, expected {expected_status} {expected_body:?}"));
     }
-    Ok(format!("{status} {body}"))
+    // What the server said, not what the row wanted: explain is compared with the answer.
+    let answered = serde_json::from_str::<serde_json::Value>(body.trim())
+        .ok()
+        .and_then(|json| json["localEndpoints"].as_u64())
+        .and_then(|count| usize::try_from(count).ok())
+        .ok_or_else(|| format!("the health check's body has no localEndpoints: {body:?}"))?;
+    Ok((format!("{status} {body}"), Seen::Health { local_endpoints: answered }))
 }
 
 /// One request from each of `sources` (client 1's affinity addresses), all inside one
@@ -437,7 +462,7 @@ fn check_by(by: &[&str], names: &[String]) -> Result<(), String> {
     }
 }
 
-fn expect_sticky_then_fresh(cluster: &Cluster, probe: &Probe, by: &[&str]) -> Result<String, String> {
+fn expect_sticky_then_fresh(cluster: &Cluster, probe: &Probe, by: &[&str]) -> Result<(String, Seen), String> {
     let sources = manifests::affinity_client_ips(probe.row.family);
     let started = Instant::now();
     let sticky = round_from(probe, cluster, &sources)?;
@@ -477,10 +502,11 @@ fn expect_sticky_then_fresh(cluster: &Cluster, probe: &Probe, by: &[&str]) -> Re
             sources.len()
         ));
     }
-    Ok(format!("{} clients sticky within the timeout, {moved} moved after it", sources.len()))
+    let pods = sticky.iter().chain(&fresh).cloned().collect();
+    Ok((format!("{} clients sticky within the timeout, {moved} moved after it", sources.len()), Seen::Sticky { pods }))
 }
 
-fn expect_sticky_while_talking(cluster: &Cluster, probe: &Probe, by: &[&str]) -> Result<String, String> {
+fn expect_sticky_while_talking(cluster: &Cluster, probe: &Probe, by: &[&str]) -> Result<(String, Seen), String> {
     let sources = manifests::affinity_client_ips(probe.row.family);
     let started = Instant::now();
     let first = round_from(probe, cluster, &sources)?;
@@ -509,7 +535,11 @@ fn expect_sticky_while_talking(cluster: &Cluster, probe: &Probe, by: &[&str]) ->
             ));
         }
     }
-    Ok(format!("{} clients kept their endpoints for {rounds} rounds over {:?}", sources.len(), started.elapsed()))
+    let pods = first.iter().cloned().collect();
+    Ok((
+        format!("{} clients kept their endpoints for {rounds} rounds over {:?}", sources.len(), started.elapsed()),
+        Seen::Sticky { pods },
+    ))
 }
 
 /// Source ports for rows that re-use one: unique across every row of the test process.
@@ -526,24 +556,37 @@ enum Open {
 }
 
 /// Before the change: the flow the row then watches.
-fn before_change(cluster: &Cluster, probe: &Probe) -> Result<Open, String> {
+/// One reply of a flow the row watches, as explain compares it: a sample of the endpoints.
+fn seen_reply(probe: &Probe, reply: &EchoReply) -> Seen {
+    let masquerade = agreement::saw_node_address(probe.resolved.client_ip, reply.client_addr.ip());
+    let hairpin = probe.resolved.sender_pod == Some(reply.server_name.as_str());
+    Seen::Answered {
+        pods: BTreeSet::from([reply.server_name.clone()]),
+        masqueraded: if hairpin { BTreeSet::new() } else { BTreeSet::from([masquerade]) },
+        hairpin_masqueraded: if hairpin { BTreeSet::from([masquerade]) } else { BTreeSet::new() },
+        all: false,
+    }
+}
+
+fn before_change(cluster: &Cluster, probe: &Probe) -> Result<(Open, Seen), String> {
     match probe.row.expect {
         Outcome::FollowsEndpointChange { before, .. } => {
             let port = fixed_source_port();
             let timeout = if before.is_empty() { DROP_TIMEOUT } else { ANSWER_TIMEOUT };
             let result = probe.send_from_port(cluster, port, timeout);
-            match (result, before.is_empty()) {
+            let seen = match (result, before.is_empty()) {
                 (Ok(reply), false) if before.contains(&reply.server_name.as_str()) => {
                     probe.resolved.check_source(probe.row.source, &reply)?;
+                    seen_reply(probe, &reply)
                 }
                 (Ok(reply), _) => {
                     return Err(format!("before the change answered by {}, expected {before:?}", reply.server_name));
                 }
                 // Nothing serves it yet: refused (no endpoints) or lost (no Service).
-                (Err(_), true) => {}
+                (Err(error), true) => Seen::Unanswered { refused: matches!(error, Failure::Refused) },
                 (Err(error), false) => return Err(format!("before the change: {error}")),
-            }
-            Ok(Open::UdpPort(port))
+            };
+            Ok((Open::UdpPort(port), seen))
         }
         Outcome::KeepsFlowAcrossEndpointChange { pod, .. } => {
             let open = if probe.row.protocol == Protocol::Udp {
@@ -554,7 +597,7 @@ fn before_change(cluster: &Cluster, probe: &Probe) -> Result<Open, String> {
                 if reply.server_name != pod {
                     return Err(format!("before the change answered by {}, expected {pod}", reply.server_name));
                 }
-                Open::UdpPort(port)
+                (Open::UdpPort(port), seen_reply(probe, &reply))
             } else {
                 let mut conversation = Conversation::open(
                     cluster.lab(),
@@ -568,7 +611,7 @@ fn before_change(cluster: &Cluster, probe: &Probe) -> Result<Open, String> {
                 if reply.server_name != pod {
                     return Err(format!("before the change answered by {}, expected {pod}", reply.server_name));
                 }
-                Open::Connection(conversation)
+                (Open::Connection(conversation), seen_reply(probe, &reply))
             };
             Ok(open)
         }
@@ -577,7 +620,7 @@ fn before_change(cluster: &Cluster, probe: &Probe) -> Result<Open, String> {
 }
 
 /// After the change: the watched flow must behave.
-fn after_change(cluster: &Cluster, probe: &Probe, open: Open) -> Result<String, String> {
+fn after_change(cluster: &Cluster, probe: &Probe, open: Open) -> Result<(String, Seen), String> {
     let changed_at = Instant::now();
     match (probe.row.expect, open) {
         (Outcome::FollowsEndpointChange { before, after }, Open::UdpPort(port)) => {
@@ -586,11 +629,12 @@ fn after_change(cluster: &Cluster, probe: &Probe, open: Open) -> Result<String, 
                 match probe.send_from_port(cluster, port, Duration::from_millis(300)) {
                     Ok(reply) if after.contains(&reply.server_name.as_str()) => {
                         probe.resolved.check_source(probe.row.source, &reply)?;
-                        return Ok(format!(
+                        let detail = format!(
                             "source port {port} answered by {} {:?} after the change",
                             reply.server_name,
                             changed_at.elapsed()
-                        ));
+                        );
+                        return Ok((detail, seen_reply(probe, &reply)));
                     }
                     Ok(reply) => last = format!("answered by {}", reply.server_name),
                     Err(error) => last = format!("getting `{error}`"),
@@ -610,7 +654,7 @@ fn after_change(cluster: &Cluster, probe: &Probe, open: Open) -> Result<String, 
             while changed_at.elapsed() < CHANGE_WITHIN {
                 match probe.send(cluster, None, Duration::from_millis(500)) {
                     Ok(reply) if new_flows.contains(&reply.server_name.as_str()) => {
-                        in_effect = Some(changed_at.elapsed());
+                        in_effect = Some((changed_at.elapsed(), seen_reply(probe, &reply)));
                         break;
                     }
                     Ok(reply) => last = format!("answered by {}", reply.server_name),
@@ -618,7 +662,7 @@ fn after_change(cluster: &Cluster, probe: &Probe, open: Open) -> Result<String, 
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            let Some(in_effect) = in_effect else {
+            let Some((in_effect, seen)) = in_effect else {
                 return Err(format!("new flows did not reach {new_flows:?} within {CHANGE_WITHIN:?}: {last}"));
             };
             // Let the proxy finish what it does after a sync (stale-flow cleanup).
@@ -638,15 +682,31 @@ fn after_change(cluster: &Cluster, probe: &Probe, open: Open) -> Result<String, 
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            Ok(format!("new flows on {new_flows:?} after {in_effect:?}; the open flow still on {pod}"))
+            Ok((format!("new flows on {new_flows:?} after {in_effect:?}; the open flow still on {pod}"), seen))
         }
         _ => unreachable!("only mutating rows"),
     }
 }
 
-/// Runs one non-mutating row.
+/// Asks explain about the probe's packet (before anything is sent).
+fn predict(cluster: &Cluster, probe: &Probe) -> Result<Option<Prediction>, String> {
+    agreement::predict(cluster, &probe.row, &probe.resolved)
+}
+
+/// Checks what the kernel did against explain's prediction.
+fn check_agreement(probe: &Probe, prediction: Option<&Prediction>, seen: &Seen) -> Result<String, String> {
+    match prediction {
+        Some(prediction) => agreement::agree(&probe.row, prediction, seen)
+            .map(|()| format!("{} (agrees)", prediction.summary()))
+            .map_err(|error| format!("explain disagrees with the kernel: {error}")),
+        None => Ok("no address to ask explain about".to_owned()),
+    }
+}
+
+/// Runs one non-mutating row: explain's prediction, the probes, then both compared.
 fn run_one(cluster: &Cluster, row: &Scenario) -> Result<String, String> {
     let probe = Probe::of(cluster, row)?;
+    let prediction = predict(cluster, &probe).map_err(|detail| format!("({probe}): {detail}"))?;
     let result = match row.expect {
         Outcome::Answered { by } => expect_answered(cluster, &probe, by, row.source),
         Outcome::Rejected => expect_rejected(cluster, &probe),
@@ -660,7 +720,10 @@ fn run_one(cluster: &Cluster, row: &Scenario) -> Result<String, String> {
             unreachable!("mutating rows run in groups")
         }
     };
-    result.map_err(|detail| format!("({probe}): {detail}"))
+    let explained = prediction.as_ref().map_or_else(String::new, |p| format!("; {}", p.summary()));
+    let (detail, seen) = result.map_err(|detail| format!("({probe}): {detail}{explained}"))?;
+    let agreement = check_agreement(&probe, prediction.as_ref(), &seen).map_err(|d| format!("({probe}): {d}"))?;
+    Ok(format!("{detail}; {agreement}"))
 }
 
 /// Runs the mutating rows of one Service around its endpoint change.
@@ -669,11 +732,16 @@ fn run_group(cluster: &Cluster, service: &str, rows: &[Scenario]) -> Vec<Result<
         return rows.iter().map(|_| Err(format!("no endpoint change for Service {service} in the fixture"))).collect();
     };
     let probes: Vec<Result<Probe, String>> = rows.iter().map(|row| Probe::of(cluster, row)).collect();
+    // Explain is asked before the change and again after it, each time about the
+    // manifests the proxies then read, and compared with the flow the row watches.
     let opened: Vec<Result<(Probe, Open), String>> = probes
         .into_iter()
         .map(|probe| {
             let probe = probe?;
-            let open = before_change(cluster, &probe).map_err(|detail| format!("({probe}): {detail}"))?;
+            let prediction = predict(cluster, &probe).map_err(|detail| format!("({probe}): {detail}"))?;
+            let (open, seen) = before_change(cluster, &probe).map_err(|detail| format!("({probe}): {detail}"))?;
+            check_agreement(&probe, prediction.as_ref(), &seen)
+                .map_err(|detail| format!("({probe}): before the change: {detail}"))?;
             Ok((probe, open))
         })
         .collect();
@@ -683,7 +751,12 @@ fn run_group(cluster: &Cluster, service: &str, rows: &[Scenario]) -> Vec<Result<
         .into_iter()
         .map(|opened| {
             let (probe, open) = opened?;
-            after_change(cluster, &probe, open).map_err(|detail| format!("({probe}): {detail}"))
+            let prediction = predict(cluster, &probe).map_err(|detail| format!("({probe}): {detail}"))?;
+            let (detail, seen) =
+                after_change(cluster, &probe, open).map_err(|detail| format!("({probe}): {detail}"))?;
+            let agreement = check_agreement(&probe, prediction.as_ref(), &seen)
+                .map_err(|detail| format!("({probe}): after the change: {detail}"))?;
+            Ok(format!("{detail}; after the change {agreement}"))
         })
         .collect()
 }
@@ -764,4 +837,73 @@ pub fn eventually<T>(limit: Duration, mut attempt: impl FnMut() -> Option<T>) ->
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Connections of each protocol the counters test sends to the echo Service's ClusterIP.
+const COUNTED_CONNECTIONS: usize = 12;
+
+/// `svcplane top --count 1 --output json` in node1: the echo Service's per-endpoint
+/// connection counters, per protocol.
+fn echo_counters(cluster: &Cluster) -> Result<BTreeMap<(String, SocketAddr), u64>, String> {
+    let lab = cluster.lab();
+    let mut args: Vec<&str> = vec![env!("CARGO_BIN_EXE_svcplane"), "top", "--count", "1", "--output", "json"];
+    args.extend(["--max-series", "100000"]);
+    args.extend(cluster.backend().proxy_args.iter().copied());
+    let text =
+        lab.exec_ok(lab.node(THIS_NODE).namespace_name(), &args).map_err(|error| format!("svcplane top: {error}"))?;
+    let json: serde_json::Value =
+        serde_json::from_str(text.trim()).map_err(|error| format!("svcplane top printed no JSON ({error}): {text}"))?;
+    let echo = format!("default/{}", manifests::ECHO_SERVICE);
+    let mut counters = BTreeMap::new();
+    for series in json["endpoints"].as_array().into_iter().flatten() {
+        let service = series["servicePort"].as_str().unwrap_or_default();
+        if service != echo && !service.starts_with(&format!("{echo}:")) {
+            continue;
+        }
+        let protocol = series["protocol"].as_str().unwrap_or_default().to_owned();
+        let endpoint: SocketAddr = series["endpoint"]
+            .as_str()
+            .and_then(|e| e.parse().ok())
+            .ok_or_else(|| format!("a series without an endpoint: {series}"))?;
+        let connections = series["connections"].as_u64().ok_or_else(|| format!("no connections in {series}"))?;
+        *counters.entry((protocol, endpoint)).or_default() += connections;
+    }
+    Ok(counters)
+}
+
+/// Sends [`COUNTED_CONNECTIONS`] TCP connections and as many UDP flows (fresh source port
+/// each) from a pod on node1 to the echo Service's IPv4 ClusterIP and checks that node1's
+/// kernel counters grew by exactly the connections each endpoint answered, per protocol.
+pub fn check_connection_counters(cluster: &Cluster) {
+    let echo = cluster.service(manifests::ECHO_SERVICE).expect("the echo Service");
+    let target = echo.cluster_ip_address(false).expect("an IPv4 ClusterIP");
+    let lab = cluster.lab();
+    let namespace = lab.pod(manifests::POD_ON_THIS_NODE).namespace_name().to_owned();
+    let before = echo_counters(cluster).unwrap_or_else(|error| panic!("reading the counters before: {error}"));
+    let mut answered: BTreeMap<(String, SocketAddr), u64> = BTreeMap::new();
+    for protocol in [Protocol::Tcp, Protocol::Udp] {
+        for sent in 0..COUNTED_CONNECTIONS {
+            let reply = net::request(lab, &namespace, protocol, target, None, ANSWER_TIMEOUT)
+                .unwrap_or_else(|error| panic!("{protocol} connection {} to {target}: {error}", sent + 1));
+            let endpoint = SocketAddr::new(manifests::pod_ip(&reply.server_name, super::Family::V4), echo.target_port);
+            *answered.entry((protocol.to_string(), endpoint)).or_default() += 1;
+        }
+    }
+    let after = echo_counters(cluster).unwrap_or_else(|error| panic!("reading the counters after: {error}"));
+    let grown: BTreeMap<(String, SocketAddr), u64> = after
+        .iter()
+        .map(|(key, now)| (key.clone(), now.saturating_sub(before.get(key).copied().unwrap_or(0))))
+        .filter(|(_, grew)| *grew > 0)
+        .collect();
+    assert_eq!(
+        grown,
+        answered,
+        "on the {} backend, node1's counters grew by {grown:?} while the endpoints answered {answered:?} \
+         (counters before {before:?}, after {after:?})",
+        cluster.backend().name
+    );
+    eprintln!(
+        "ok: on the {} backend node1's counters grew by exactly what was answered: {grown:?}",
+        cluster.backend().name
+    );
 }
