@@ -106,9 +106,6 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
     } else {
         lab.spawn(node.namespace_name(), &proxy_args)?
     };
-    // Traffic from outside the node goes through tc programs in eBPF mode; until they are
-    // attached, the lab sends NodePort traffic from a pod of the node there.
-    let external_client = args.mode != Mode::Ebpf;
 
     let cluster_ip = service
         .cluster_ips
@@ -138,11 +135,7 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
         if service.service_type != ServiceType::ClusterIp
             && let Some(node_port) = port.node_port
         {
-            let (from_namespace, from_label) = if external_client {
-                (client.namespace_name().to_owned(), "the external client".to_owned())
-            } else {
-                (lab.pods()[1].namespace_name().to_owned(), format!("pod {}", lab.pods()[1].name()))
-            };
+            let (from_namespace, from_label) = (client.namespace_name().to_owned(), "the external client".to_owned());
             targets.push(Target {
                 label: format!("NodePort {}:{node_port}/{}", node.ip_v4(), port.protocol),
                 from_namespace,

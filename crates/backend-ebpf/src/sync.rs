@@ -12,6 +12,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use ipnet::IpNet;
+use svcplane_bpf::tc::TcNat;
 use svcplane_bpf::{
     BackendKey, BackendValue, BpfError, LiveKey, MapSizes, ServiceFlags, ServiceKey, ServiceValue, SockLb,
     SockLbOptions,
@@ -66,6 +68,10 @@ impl Written {
 pub struct EbpfBackend {
     options: EbpfOptions,
     lb: Option<SockLb>,
+    /// The tc program, opened with `lb` (traffic from outside the node).
+    tc: Option<TcNat>,
+    /// The interfaces it is attached to.
+    tc_interfaces: Vec<String>,
     record: BTreeMap<PlanKey, Written>,
     next_set: u32,
     full_pending: bool,
@@ -80,6 +86,8 @@ impl EbpfBackend {
         Self {
             options,
             lb: None,
+            tc: None,
+            tc_interfaces: Vec::new(),
             record: BTreeMap::new(),
             next_set: 1,
             full_pending: true,
@@ -103,7 +111,15 @@ impl EbpfBackend {
         };
         let options = SockLbOptions { bpf_root: self.options.bpf_root.clone(), cgroup, sizes: self.options.sizes };
         let cookie = svcplane_bpf::sys::current_netns_cookie()?;
-        self.lb = Some(SockLb::open(&options, cookie)?);
+        let lb = SockLb::open(&options, cookie)?;
+        let mut tc = TcNat::open(&self.options.bpf_root, self.options.sizes)?;
+        let interfaces = svcplane_bpf::tc::node_interfaces()?;
+        for interface in &interfaces {
+            tc.attach(interface)?;
+        }
+        self.lb = Some(lb);
+        self.tc = Some(tc);
+        self.tc_interfaces = interfaces;
         Ok(())
     }
 
@@ -142,6 +158,24 @@ impl EbpfBackend {
             record.insert(key.clone(), written);
         }
         let mut operations = bulk.write(lb)?;
+        let tc = self.tc.as_mut().expect("opened with lb");
+        tc.configure(&plan.config.node_ips, &plan.config.cluster_cidrs)?;
+        let wanted_ranges: BTreeSet<(ServiceKey, IpNet)> = record
+            .values()
+            .flat_map(|w: &Written| {
+                w.entries.source_ranges.iter().flat_map(|(key, ranges)| ranges.iter().map(move |r| (*key, *r)))
+            })
+            .collect();
+        for (key, range) in &wanted_ranges {
+            tc.allow_source(key, range)?;
+            operations += 1;
+        }
+        for (key, range) in tc.allowed_sources() {
+            if !wanted_ranges.contains(&(key, range)) {
+                tc.disallow_source(&key, &range);
+                operations += 1;
+            }
+        }
         let wanted_services: BTreeSet<ServiceKey> = bulk.service_keys.iter().copied().collect();
         let wanted_backends: BTreeSet<BackendKey> = bulk.backend_keys.iter().copied().collect();
         let wanted_live: BTreeSet<LiveKey> = record.values().flat_map(Written::live_keys).collect();
@@ -176,6 +210,8 @@ impl EbpfBackend {
                         remove_live(lb, &live)?;
                         operations += 1;
                     }
+                    let tc = self.tc.as_mut().expect("opened with lb");
+                    operations += update_ranges(tc, Some(&old.entries), None)?;
                     self.record.remove(key);
                 }
                 continue;
@@ -217,6 +253,8 @@ impl EbpfBackend {
                 remove_live(lb, live)?;
                 operations += 1;
             }
+            let tc = self.tc.as_mut().expect("opened with lb");
+            operations += update_ranges(tc, old.as_ref().map(|o| &o.entries), Some(&written.entries))?;
             self.record.insert(key.clone(), written);
         }
         Ok(SyncReport { full: false, service_ports: ports, operations })
@@ -350,6 +388,24 @@ fn remove_written(lb: &mut SockLb, old: &Written, new: Option<&Written>) -> Resu
     Ok(operations)
 }
 
+/// Source-range entries of one service port: those `new` has that `old` had not are added,
+/// then those only `old` had are removed.
+fn update_ranges(tc: &mut TcNat, old: Option<&PortEntries>, new: Option<&PortEntries>) -> Result<usize, BpfError> {
+    let pairs = |entries: Option<&PortEntries>| -> BTreeSet<(ServiceKey, IpNet)> {
+        entries
+            .map(|e| e.source_ranges.iter().flat_map(|(key, ranges)| ranges.iter().map(move |r| (*key, *r))).collect())
+            .unwrap_or_default()
+    };
+    let (before, after) = (pairs(old), pairs(new));
+    for (key, range) in after.difference(&before) {
+        tc.allow_source(key, range)?;
+    }
+    for (key, range) in before.difference(&after) {
+        tc.disallow_source(key, range);
+    }
+    Ok(after.symmetric_difference(&before).count())
+}
+
 fn insert_live(lb: &mut SockLb, key: LiveKey) -> Result<(), BpfError> {
     lb.live.insert(key, 1, 0).map_err(|source| map_error(svcplane_bpf::maps::LIVE_MAP, lb.sizes.backends, key, source))
 }
@@ -455,7 +511,20 @@ impl Dataplane for EbpfBackend {
         if let Some(missing) = svcplane_bpf::sock_lb::missing_pins(&self.options.bpf_root).into_iter().next() {
             // Re-open so the links are attached again.
             self.lb = None;
+            self.tc = None;
             return Some(format!("{} is gone", missing.display()));
+        }
+        // A new interface (a pod's veth) needs the tc program; a removed one's link is gone.
+        if let Ok(interfaces) = svcplane_bpf::tc::node_interfaces()
+            && (interfaces != self.tc_interfaces
+                || svcplane_bpf::tc::pinned_interfaces(&self.options.bpf_root).len() < interfaces.len())
+        {
+            self.lb = None;
+            self.tc = None;
+            return Some(format!(
+                "the node's interfaces are now {interfaces:?}, tc programs on {:?}",
+                self.tc_interfaces
+            ));
         }
         match local_addresses() {
             Ok(local) if local != self.node.local => {
@@ -480,6 +549,7 @@ impl Dataplane for EbpfBackend {
 
     fn cleanup(&mut self) -> Result<bool, DataplaneError> {
         self.lb = None;
+        self.tc = None;
         self.record.clear();
         self.full_pending = true;
         Ok(svcplane_bpf::cleanup(&self.options.bpf_root)?)

@@ -133,4 +133,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svcplane_config SEC(".maps");
 
+/* Every endpoint still serving (ready or terminating) of each service port: a flow may stay
+ * on these and only these. */
+struct live_key {
+	__u32 port_id;
+	__u8 addr[16];
+	__u16 port;
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct live_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_live SEC(".maps");
+
 #endif

@@ -11,6 +11,7 @@ pub mod maps;
 mod pod;
 pub mod sock_lb;
 pub mod sys;
+pub mod tc;
 
 pub use error::BpfError;
 pub use maps::{
@@ -18,6 +19,10 @@ pub use maps::{
     ServiceKey, ServiceValue,
 };
 pub use sock_lb::{MapSizes, SockLb, SockLbOptions, cleanup};
+
+/// The socket-level load balancer's object (`bpf/sock_lb.c`), as clang built it.
+/// The tc program's object (`bpf/tc_nat.c`).
+pub(crate) static TC_NAT_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tc_nat.o"));
 
 /// The socket-level load balancer's object (`bpf/sock_lb.c`), as clang built it.
 pub(crate) static SOCK_LB_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sock_lb.o"));

@@ -31,3 +31,7 @@ unsafe impl aya::Pod for AffinityValue {}
 unsafe impl aya::Pod for Config {}
 // SAFETY: as above.
 unsafe impl aya::Pod for LiveKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for crate::tc::TcConfig {}
+// SAFETY: as above.
+unsafe impl aya::Pod for crate::tc::RangeData {}

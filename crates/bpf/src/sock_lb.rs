@@ -31,7 +31,7 @@ pub const PROGRAMS: [&str; 8] = [
 ];
 
 /// Where pinned links live under the bpf root.
-const LINKS_DIR: &str = "links";
+pub(crate) const LINKS_DIR: &str = "links";
 
 /// Map capacities (entries). `backends` also sizes the live-endpoint map, `reverse` the
 /// UDP-flow map.
@@ -233,8 +233,8 @@ pub fn missing_pins(bpf_root: &Path) -> Vec<PathBuf> {
     links.chain(maps).filter(|path| !path.exists()).collect()
 }
 
-/// Removes every link and map pinned under `bpf_root` (the programs detach when their
-/// last link goes), then the directory, unmounting it if it is a bpffs of its own.
+/// Removes every link and map pinned under `bpf_root`, the tc program's too (the programs
+/// detach when their last link goes), then the directory, unmounting it if it is a bpffs of its own.
 /// Returns whether anything was there.
 pub fn cleanup(bpf_root: &Path) -> Result<bool, BpfError> {
     if !bpf_root.exists() {
@@ -245,7 +245,10 @@ pub fn cleanup(bpf_root: &Path) -> Result<bool, BpfError> {
     for program in PROGRAMS {
         found |= remove_if_there(&links_dir.join(program))?;
     }
-    for map in SOCK_LB_MAPS {
+    for interface in crate::tc::pinned_interfaces(bpf_root) {
+        found |= remove_if_there(&links_dir.join(format!("tc-{interface}")))?;
+    }
+    for map in SOCK_LB_MAPS.iter().chain(crate::tc::TC_MAPS.iter()) {
         found |= remove_if_there(&bpf_root.join(map))?;
     }
     let _ = std::fs::remove_dir(&links_dir);

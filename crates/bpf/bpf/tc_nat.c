@@ -1,0 +1,394 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* Service translation for packets arriving at a node from elsewhere (external clients, pods
+ * of other nodes): a tcx ingress program on each of the node's interfaces. A new flow to a
+ * frontend (the same services map the socket programs read, scope "external" or "pod" by
+ * the source) gets an endpoint, is DNATed to it and, when the plan says so, SNATed to the
+ * node's address; a connection-tracking map keeps each flow on its endpoint and translates
+ * its replies back when they arrive (from a local pod on its veth, from another node on the
+ * LAN interface). Packets the maps know nothing of pass untouched: in particular flows the
+ * socket programs balanced, and direct pod traffic, are never translated. */
+#include "common.h"
+
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+
+char _license[] SEC("license") = "Dual BSD/GPL";
+
+#ifndef offsetof
+#define offsetof(type, member) __builtin_offsetof(type, member)
+#endif
+
+#define NS_PER_SEC 1000000000ULL
+
+/* The node's own addresses (IPv4-mapped and IPv6), the SNAT source. */
+struct tc_config {
+	__u8 node_v4[16];
+	__u8 node_v6[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tc_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_tc_config SEC(".maps");
+
+/* The cluster's pod CIDRs: a source inside is a pod (of another node). */
+struct cidr_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 64);
+	__type(key, struct cidr_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_cluster_cidrs SEC(".maps");
+
+/* loadBalancerSourceRanges: the frontend (address, port, protocol) then the source prefix;
+ * prefixlen counts the frontend's 160 bits too. */
+struct range_key {
+	__u32 prefixlen;
+	__u8 frontend[16];
+	__u16 port;
+	__u8 proto;
+	__u8 pad;
+	__u8 source[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 16384);
+	__type(key, struct range_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_source_ranges SEC(".maps");
+
+/* A flow as a packet names it: source, destination, ports, protocol. */
+struct flow {
+	__u8 src[16];
+	__u8 dst[16];
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* What a flow is rewritten to: the whole new tuple (forward, or reply). A forward entry of
+ * a UDP flow names its service port, so the flow moves once its endpoint stops serving. */
+struct nat {
+	__u8 src[16];
+	__u8 dst[16];
+	__u16 sport;
+	__u16 dport;
+	__u32 port_id; /* forward entries; 0 in replies */
+};
+
+#define AF_INET 2
+#define AF_INET6 10
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct flow);
+	__type(value, struct nat);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_ct SEC(".maps");
+
+struct packet {
+	struct flow flow;
+	__u32 l3;
+	__u32 l4;
+	__u8 v6;
+};
+
+static __always_inline void v4_mapped(__u8 *out, __u32 addr)
+{
+	__u32 *words = (__u32 *)out;
+	words[0] = 0;
+	words[1] = 0;
+	words[2] = bpf_htonl(0x0000ffff);
+	words[3] = addr;
+}
+
+/* Parses Ethernet + IPv4 (no options, not a fragment) or IPv6 (no extension headers) + TCP
+ * or UDP. Anything else is not ours. */
+static __always_inline int parse(struct __sk_buff *skb, struct packet *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return 0;
+	__builtin_memset(p, 0, sizeof(*p));
+	p->l3 = sizeof(*eth);
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
+			return 0;
+		p->flow.proto = ip->protocol;
+		v4_mapped(p->flow.src, ip->saddr);
+		v4_mapped(p->flow.dst, ip->daddr);
+		p->l4 = p->l3 + sizeof(*ip);
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end)
+			return 0;
+		p->v6 = 1;
+		p->flow.proto = ip6->nexthdr;
+		__builtin_memcpy(p->flow.src, &ip6->saddr, 16);
+		__builtin_memcpy(p->flow.dst, &ip6->daddr, 16);
+		p->l4 = p->l3 + sizeof(*ip6);
+	} else {
+		return 0;
+	}
+	if (p->flow.proto != IPPROTO_TCP && p->flow.proto != IPPROTO_UDP)
+		return 0;
+	__u16 *ports = data + p->l4;
+	if ((void *)(ports + 2) > end)
+		return 0;
+	p->flow.sport = ports[0];
+	p->flow.dport = ports[1];
+	return 1;
+}
+
+static __always_inline __u32 l4_checksum_offset(const struct packet *p)
+{
+	return p->l4 + (p->flow.proto == IPPROTO_TCP ? offsetof(struct tcphdr, check) : offsetof(struct udphdr, check));
+}
+
+static __always_inline __u64 l4_flags(const struct packet *p)
+{
+	return p->flow.proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+}
+
+/* Replaces one address (source: which == 0, destination: 1) and its port, fixing checksums. */
+static __always_inline int rewrite(struct __sk_buff *skb, const struct packet *p, int which, const __u8 *old_addr,
+				   const __u8 *new_addr, __u16 old_port, __u16 new_port)
+{
+	__u32 csum = l4_checksum_offset(p);
+	if (!p->v6) {
+		__u32 old4 = ((const __u32 *)old_addr)[3], new4 = ((const __u32 *)new_addr)[3];
+		__u32 at = p->l3 + (which ? offsetof(struct iphdr, daddr) : offsetof(struct iphdr, saddr));
+		if (old4 != new4) {
+			if (bpf_l4_csum_replace(skb, csum, old4, new4, BPF_F_PSEUDO_HDR | 4 | l4_flags(p)) ||
+			    bpf_l3_csum_replace(skb, p->l3 + offsetof(struct iphdr, check), old4, new4, 4) ||
+			    bpf_skb_store_bytes(skb, at, &new4, 4, 0))
+				return -1;
+		}
+	} else {
+		__u32 at = p->l3 + (which ? offsetof(struct ipv6hdr, daddr) : offsetof(struct ipv6hdr, saddr));
+		__s64 diff = bpf_csum_diff((__be32 *)old_addr, 16, (__be32 *)new_addr, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, csum, 0, (__u32)diff, BPF_F_PSEUDO_HDR | l4_flags(p)) ||
+		    bpf_skb_store_bytes(skb, at, new_addr, 16, 0))
+			return -1;
+	}
+	if (old_port != new_port) {
+		__u32 at = p->l4 + (which ? 2 : 0);
+		if (bpf_l4_csum_replace(skb, csum, old_port, new_port, 2 | l4_flags(p)) ||
+		    bpf_skb_store_bytes(skb, at, &new_port, 2, 0))
+			return -1;
+	}
+	return 0;
+}
+
+/* Sends a translated packet straight out of the interface its new destination is routed
+ * through. The stack's input path would drop it: an IPv4 packet whose source is now one of
+ * the node's own addresses (a masqueraded flow, or a NodePort's reply) is a martian there. */
+static __always_inline int redirect_to_route(struct __sk_buff *skb, const struct packet *p, const struct nat *to)
+{
+	struct bpf_fib_lookup fib;
+	__builtin_memset(&fib, 0, sizeof(fib));
+	fib.ifindex = skb->ingress_ifindex;
+	fib.l4_protocol = p->flow.proto;
+	fib.sport = to->sport;
+	fib.dport = to->dport;
+	if (!p->v6) {
+		fib.family = AF_INET;
+		fib.ipv4_src = ((const __u32 *)to->src)[3];
+		fib.ipv4_dst = ((const __u32 *)to->dst)[3];
+	} else {
+		fib.family = AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, to->src, 16);
+		__builtin_memcpy(fib.ipv6_dst, to->dst, 16);
+	}
+	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	return TC_ACT_OK;
+}
+
+/* Applies a translation: the packet's tuple becomes `to`, and it leaves by its new route. */
+static __always_inline int translate(struct __sk_buff *skb, const struct packet *p, const struct nat *to)
+{
+	if (rewrite(skb, p, 1, p->flow.dst, to->dst, p->flow.dport, to->dport))
+		return TC_ACT_SHOT;
+	if (rewrite(skb, p, 0, p->flow.src, to->src, p->flow.sport, to->sport))
+		return TC_ACT_SHOT;
+	return redirect_to_route(skb, p, to);
+}
+
+/* Whether a UDP flow's endpoint still serves its service port. */
+static __always_inline int still_serving(const struct nat *forward)
+{
+	struct live_key key;
+	__builtin_memset(&key, 0, sizeof(key));
+	key.port_id = forward->port_id;
+	key.port = forward->dport;
+	__builtin_memcpy(key.addr, forward->dst, 16);
+	return bpf_map_lookup_elem(&svcplane_live, &key) != NULL;
+}
+
+static __always_inline __u8 scope_of(const struct packet *p)
+{
+	struct cidr_key key = { .prefixlen = 128 };
+	__builtin_memcpy(key.addr, p->flow.src, 16);
+	return bpf_map_lookup_elem(&svcplane_cluster_cidrs, &key) ? SCOPE_POD : SCOPE_EXTERNAL;
+}
+
+static __always_inline int source_allowed(const struct packet *p)
+{
+	struct range_key key = { .prefixlen = 160 + 128, .port = p->flow.dport, .proto = p->flow.proto };
+	__builtin_memcpy(key.frontend, p->flow.dst, 16);
+	__builtin_memcpy(key.source, p->flow.src, 16);
+	return bpf_map_lookup_elem(&svcplane_source_ranges, &key) != NULL;
+}
+
+static __always_inline __u64 client_of(const struct packet *p)
+{
+	const __u64 *halves = (const __u64 *)p->flow.src;
+	return halves[0] ^ (halves[1] * 0x9e3779b97f4a7c15ULL);
+}
+
+/* An endpoint of the frontend's set: the client's affinity entry while it holds, else one at
+ * random (the flow then stays on it through the connection-tracking map). */
+static __always_inline struct backend_value *pick(const struct packet *p, struct svc_value *svc)
+{
+	__u32 count = svc->count;
+	if (count == 0)
+		return NULL;
+	if (count > MAX_BACKENDS_PER_SET)
+		count = MAX_BACKENDS_PER_SET;
+	struct affinity_key akey = { .client = client_of(p), .backend_set = svc->backend_set };
+	__u64 now = 0;
+	if (svc->flags & SVC_F_AFFINITY) {
+		now = bpf_ktime_get_ns();
+		struct affinity_value *aff = bpf_map_lookup_elem(&svcplane_affinity, &akey);
+		if (aff && now - aff->last_used_ns <= (__u64)svc->affinity_timeout * NS_PER_SEC) {
+			struct backend_key bkey = { .backend_set = svc->backend_set, .slot = aff->backend.pad };
+			struct backend_value *still = bpf_map_lookup_elem(&svcplane_backends, &bkey);
+			const __u32 *a = (const __u32 *)still, *b = (const __u32 *)&aff->backend;
+			if (still && bkey.slot < count && still->port == aff->backend.port && a[0] == b[0] &&
+			    a[1] == b[1] && a[2] == b[2] && a[3] == b[3]) {
+				aff->last_used_ns = now;
+				return still;
+			}
+		}
+	}
+	struct backend_key bkey = { .backend_set = svc->backend_set, .slot = bpf_get_prandom_u32() % count };
+	struct backend_value *backend = bpf_map_lookup_elem(&svcplane_backends, &bkey);
+	if (backend && (svc->flags & SVC_F_AFFINITY)) {
+		struct affinity_value fresh = { .last_used_ns = now, .backend = *backend };
+		fresh.backend.pad = (__u16)bkey.slot;
+		bpf_map_update_elem(&svcplane_affinity, &akey, &fresh, BPF_ANY);
+	}
+	return backend;
+}
+
+/* A new flow to a frontend: translate it and remember both directions. */
+static __always_inline int new_flow(struct __sk_buff *skb, const struct packet *p)
+{
+	struct svc_key key = { .port = p->flow.dport, .proto = p->flow.proto, .scope = scope_of(p) };
+	__builtin_memcpy(key.addr, p->flow.dst, 16);
+	struct svc_value *svc = bpf_map_lookup_elem(&svcplane_services, &key);
+	if (!svc)
+		return TC_ACT_OK;
+	__u32 flags = svc->flags;
+	if ((flags & SVC_F_SOURCE_RANGES) && !source_allowed(p))
+		return TC_ACT_SHOT;
+	/* No endpoint at all: a NodePort address is the node's own, whose stack refuses a port
+	 * nobody listens on (reset / ICMP port unreachable); elsewhere, drop. */
+	if (flags & SVC_F_REJECT)
+		return TC_ACT_OK;
+	if (flags & SVC_F_DROP)
+		return TC_ACT_SHOT;
+	struct backend_value *backend = pick(p, svc);
+	if (!backend)
+		return TC_ACT_SHOT;
+
+	struct nat forward;
+	__builtin_memset(&forward, 0, sizeof(forward));
+	__builtin_memcpy(forward.dst, backend->addr, 16);
+	forward.dport = backend->port;
+	__builtin_memcpy(forward.src, p->flow.src, 16);
+	forward.sport = p->flow.sport;
+	forward.port_id = p->flow.proto == IPPROTO_UDP ? svc->port_id : 0;
+	if (flags & SVC_F_MASQ) {
+		__u32 zero = 0;
+		struct tc_config *cfg = bpf_map_lookup_elem(&svcplane_tc_config, &zero);
+		if (!cfg)
+			return TC_ACT_SHOT;
+		__builtin_memcpy(forward.src, p->v6 ? cfg->node_v6 : cfg->node_v4, 16);
+	}
+
+	/* The reply's tuple, as it will arrive: from the endpoint to the (translated) source.
+	 * A source port already taken towards this endpoint is moved. */
+	struct flow reply;
+	__builtin_memset(&reply, 0, sizeof(reply));
+	__builtin_memcpy(reply.src, forward.dst, 16);
+	__builtin_memcpy(reply.dst, forward.src, 16);
+	reply.sport = forward.dport;
+	reply.proto = p->flow.proto;
+	struct nat back;
+	__builtin_memset(&back, 0, sizeof(back));
+	__builtin_memcpy(back.src, p->flow.dst, 16);
+	__builtin_memcpy(back.dst, p->flow.src, 16);
+	back.sport = p->flow.dport;
+	back.dport = p->flow.sport;
+	int stored = -1;
+	for (int attempt = 0; attempt < 8 && stored; attempt++) {
+		if (attempt > 0) {
+			if (!(flags & SVC_F_MASQ))
+				break;
+			forward.sport = bpf_htons(32768 + (bpf_get_prandom_u32() % 28232));
+		}
+		reply.dport = forward.sport;
+		stored = bpf_map_update_elem(&svcplane_ct, &reply, &back, BPF_NOEXIST);
+	}
+	if (stored) {
+		/* The same reply tuple from an earlier flow of this very client: take it over. */
+		if (bpf_map_update_elem(&svcplane_ct, &reply, &back, BPF_ANY))
+			return TC_ACT_SHOT;
+	}
+	if (bpf_map_update_elem(&svcplane_ct, &p->flow, &forward, BPF_ANY))
+		return TC_ACT_SHOT;
+	return translate(skb, p, &forward);
+}
+
+SEC("classifier")
+int svcplane_tc_ingress(struct __sk_buff *skb)
+{
+	struct packet p;
+	if (!parse(skb, &p))
+		return TC_ACT_OK;
+	/* A packet of a tracked flow, either direction: its translation is known. */
+	struct nat *known = bpf_map_lookup_elem(&svcplane_ct, &p.flow);
+	if (known) {
+		struct nat to = *known;
+		/* A UDP flow whose endpoint stopped serving is balanced afresh. */
+		if (!to.port_id || still_serving(&to))
+			return translate(skb, &p, &to);
+		bpf_map_delete_elem(&svcplane_ct, &p.flow);
+	}
+	return new_flow(skb, &p);
+}

@@ -1,0 +1,283 @@
+//! The tc half of eBPF mode: `bpf/tc_nat.c` loaded once per bpf root (sharing the services,
+//! backends and affinity maps with the socket programs through their pins), attached with
+//! tcx to the ingress of each of the node's interfaces through links pinned under
+//! `<bpf root>/links/tc-<interface>`, so they outlive the process like the socket links.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use aya::maps::lpm_trie::{Key, LpmTrie};
+use aya::maps::{Array, Map, MapData};
+use aya::programs::links::FdLink;
+use aya::programs::{SchedClassifier, TcAttachType};
+use aya::{Ebpf, EbpfLoader};
+use ipnet::IpNet;
+
+use crate::maps::{AFFINITY_MAP, BACKENDS_MAP, SERVICES_MAP, ServiceKey, address_bytes};
+use crate::{BpfError, MapSizes, TC_NAT_OBJECT};
+
+pub const TC_CONFIG_MAP: &str = "svcplane_tc_config";
+pub const CLUSTER_CIDRS_MAP: &str = "svcplane_cluster_cidrs";
+pub const SOURCE_RANGES_MAP: &str = "svcplane_source_ranges";
+pub const CT_MAP: &str = "svcplane_ct";
+/// Every map only the tc program has.
+pub const TC_MAPS: [&str; 4] = [TC_CONFIG_MAP, CLUSTER_CIDRS_MAP, SOURCE_RANGES_MAP, CT_MAP];
+const PROGRAM: &str = "svcplane_tc_ingress";
+const LINK_PREFIX: &str = "tc-";
+
+/// The node's addresses the tc program translates sources to (`struct tc_config`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcConfig {
+    pub node_v4: [u8; 16],
+    pub node_v6: [u8; 16],
+}
+
+/// A source-range entry's data (`struct range_key` after its prefix length).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct RangeData {
+    pub frontend: [u8; 16],
+    pub port: u16,
+    pub proto: u8,
+    pub pad: u8,
+    pub source: [u8; 16],
+}
+
+const _: () = {
+    assert!(size_of::<TcConfig>() == 32);
+    assert!(size_of::<RangeData>() == 36);
+};
+
+/// Bits of an address as the maps store it (IPv4 mapped: 96 more).
+fn stored_prefix(net: &IpNet) -> u32 {
+    match net {
+        IpNet::V4(v4) => 96 + u32::from(v4.prefix_len()),
+        IpNet::V6(v6) => u32::from(v6.prefix_len()),
+    }
+}
+
+/// The loaded tc program and its own maps.
+pub struct TcNat {
+    ebpf: Ebpf,
+    bpf_root: PathBuf,
+    config: Array<MapData, TcConfig>,
+    cluster_cidrs: LpmTrie<MapData, [u8; 16], u8>,
+    source_ranges: LpmTrie<MapData, RangeData, u8>,
+    /// Entries of `cluster_cidrs` written so far.
+    written_cidrs: Vec<IpNet>,
+}
+
+impl std::fmt::Debug for TcNat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcNat").field("bpf_root", &self.bpf_root).field("cluster_cidrs", &self.written_cidrs).finish()
+    }
+}
+
+impl TcNat {
+    /// Loads the program against the pins under `bpf_root` (the socket balancer's maps must
+    /// be pinned there already: [`crate::SockLb::open`] first).
+    pub fn open(bpf_root: &Path, sizes: MapSizes) -> Result<Self, BpfError> {
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(bpf_root)
+            .map_max_entries(SERVICES_MAP, sizes.services)
+            .map_max_entries(BACKENDS_MAP, sizes.backends)
+            .map_max_entries(AFFINITY_MAP, sizes.affinity)
+            .map_max_entries(crate::maps::LIVE_MAP, sizes.backends)
+            .map_max_entries(CT_MAP, sizes.reverse)
+            .load(TC_NAT_OBJECT)
+            .map_err(|source| BpfError::Load { object: "tc_nat.o", source: Box::new(source) })?;
+        let program: &mut SchedClassifier = ebpf
+            .program_mut(PROGRAM)
+            .ok_or(BpfError::Link {
+                program: PROGRAM,
+                what: "missing from the object",
+                source: "no such program".into(),
+            })?
+            .try_into()
+            .map_err(|source| BpfError::Program {
+                program: PROGRAM,
+                what: "not a tc program",
+                source: Box::new(source),
+            })?;
+        program.load().map_err(|source| BpfError::Program {
+            program: PROGRAM,
+            what: "loading (the verifier said no?)",
+            source: Box::new(source),
+        })?;
+        let config = typed(&mut ebpf, TC_CONFIG_MAP)?;
+        let cluster_cidrs = typed(&mut ebpf, CLUSTER_CIDRS_MAP)?;
+        let source_ranges = typed(&mut ebpf, SOURCE_RANGES_MAP)?;
+        Ok(Self {
+            ebpf,
+            bpf_root: bpf_root.to_owned(),
+            config,
+            cluster_cidrs,
+            source_ranges,
+            written_cidrs: Vec::new(),
+        })
+    }
+
+    /// Attaches the program to `interface`'s ingress unless a pinned link already does.
+    /// Returns whether it attached.
+    pub fn attach(&mut self, interface: &str) -> Result<bool, BpfError> {
+        let links = self.bpf_root.join(crate::sock_lb::LINKS_DIR);
+        let pin = links.join(format!("{LINK_PREFIX}{interface}"));
+        if pin.exists() {
+            return Ok(false);
+        }
+        std::fs::create_dir_all(&links).map_err(|source| BpfError::BpfFs {
+            path: links.clone(),
+            what: "creating the links directory",
+            source,
+        })?;
+        let program: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(PROGRAM)
+            .ok_or(BpfError::Link {
+                program: PROGRAM,
+                what: "missing from the object",
+                source: "no such program".into(),
+            })?
+            .try_into()
+            .map_err(|source| BpfError::Program {
+                program: PROGRAM,
+                what: "not a tc program",
+                source: Box::new(source),
+            })?;
+        let id = program.attach(interface, TcAttachType::Ingress).map_err(|source| BpfError::Program {
+            program: PROGRAM,
+            what: "attaching to an interface's ingress (tcx)",
+            source: Box::new(source),
+        })?;
+        let link = program.take_link(id).map_err(|source| BpfError::Program {
+            program: PROGRAM,
+            what: "taking its link",
+            source: Box::new(source),
+        })?;
+        let link: FdLink = link.try_into().map_err(|source| BpfError::Link {
+            program: PROGRAM,
+            what: "not a BPF link (tcx needs Linux 6.6)",
+            source: Box::new(source),
+        })?;
+        link.pin(&pin).map_err(|source| BpfError::Link {
+            program: PROGRAM,
+            what: "pinning",
+            source: Box::new(source),
+        })?;
+        Ok(true)
+    }
+
+    /// The node's addresses external flows are translated to, and the cluster CIDRs whose
+    /// sources are pods.
+    pub fn configure(&mut self, node_ips: &[IpAddr], cluster_cidrs: &[IpNet]) -> Result<(), BpfError> {
+        let mut config = TcConfig::default();
+        if let Some(v4) = node_ips.iter().find(|ip| ip.is_ipv4()) {
+            config.node_v4 = address_bytes(*v4);
+        }
+        if let Some(v6) = node_ips.iter().find(|ip| ip.is_ipv6()) {
+            config.node_v6 = address_bytes(*v6);
+        }
+        self.config.set(0, config, 0).map_err(|source| BpfError::Map {
+            map: TC_CONFIG_MAP,
+            what: "writing the node's addresses".into(),
+            source: Box::new(source),
+        })?;
+        for cidr in cluster_cidrs {
+            let key = Key::new(stored_prefix(cidr), address_bytes(cidr.network()));
+            self.cluster_cidrs.insert(&key, 1, 0).map_err(|source| BpfError::Map {
+                map: CLUSTER_CIDRS_MAP,
+                what: format!("adding {cidr}"),
+                source: Box::new(source),
+            })?;
+        }
+        for old in self.written_cidrs.iter().filter(|c| !cluster_cidrs.contains(c)) {
+            let _ = self.cluster_cidrs.remove(&Key::new(stored_prefix(old), address_bytes(old.network())));
+        }
+        self.written_cidrs = cluster_cidrs.to_vec();
+        Ok(())
+    }
+
+    fn range_key(frontend: &ServiceKey, source: &IpNet) -> Key<RangeData> {
+        let data = RangeData {
+            frontend: frontend.addr,
+            port: frontend.port,
+            proto: frontend.proto,
+            pad: 0,
+            source: address_bytes(source.network()),
+        };
+        Key::new(160 + stored_prefix(source), data)
+    }
+
+    /// Lets `source` use the external frontend `frontend`.
+    pub fn allow_source(&mut self, frontend: &ServiceKey, source: &IpNet) -> Result<(), BpfError> {
+        self.source_ranges.insert(&Self::range_key(frontend, source), 1, 0).map_err(|source_error| BpfError::Map {
+            map: SOURCE_RANGES_MAP,
+            what: format!("allowing {source} to {frontend:?}"),
+            source: Box::new(source_error),
+        })
+    }
+
+    /// Every (frontend, source range) the map allows now.
+    pub fn allowed_sources(&self) -> Vec<(ServiceKey, IpNet)> {
+        self.source_ranges
+            .keys()
+            .filter_map(Result::ok)
+            .filter_map(|key| {
+                let data = key.data();
+                let bits = key.prefix_len().checked_sub(160)?;
+                let frontend = ServiceKey {
+                    addr: data.frontend,
+                    port: data.port,
+                    proto: data.proto,
+                    scope: crate::Scope::External as u8,
+                };
+                let address = crate::maps::address_of(data.source);
+                let length = if address.is_ipv4() { bits.checked_sub(96)? } else { bits };
+                Some((frontend, IpNet::new(address, u8::try_from(length).ok()?).ok()?))
+            })
+            .collect()
+    }
+
+    /// Withdraws [`TcNat::allow_source`].
+    pub fn disallow_source(&mut self, frontend: &ServiceKey, source: &IpNet) {
+        let _ = self.source_ranges.remove(&Self::range_key(frontend, source));
+    }
+}
+
+fn typed<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>
+where
+    T: TryFrom<Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(BpfError::MissingMap { map: name })?;
+    T::try_from(map).map_err(|source| BpfError::Map {
+        map: name,
+        what: "opening with its key and value types".into(),
+        source: Box::new(source),
+    })
+}
+
+/// The node's interfaces the program belongs on: every one of the calling thread's network
+/// namespace but loopback.
+pub fn node_interfaces() -> Result<Vec<String>, BpfError> {
+    let interfaces = nix::net::if_::if_nameindex()
+        .map_err(|errno| BpfError::Io { what: "listing the node's interfaces".into(), source: errno.into() })?;
+    let mut names: Vec<String> = interfaces
+        .iter()
+        .map(|interface| interface.name().to_string_lossy().into_owned())
+        .filter(|name| name != "lo")
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The tc links pinned under `bpf_root`, by interface name.
+pub fn pinned_interfaces(bpf_root: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(bpf_root.join(crate::sock_lb::LINKS_DIR)) else { return Vec::new() };
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.strip_prefix(LINK_PREFIX).map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
