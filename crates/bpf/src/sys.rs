@@ -174,6 +174,63 @@ pub fn update_batch<K: aya::Pod, V: aya::Pod>(
     Ok(())
 }
 
+/// `BPF_PROG_TEST_RUN` (linux/bpf.h `enum bpf_cmd`).
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+
+/// The `test` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    pad: u32,
+}
+
+/// Runs a loaded program once on `packet` (`BPF_PROG_TEST_RUN`): its return value and the
+/// packet as it left the program. For tests of tc programs on crafted packets.
+pub fn prog_test_run(program: std::os::fd::BorrowedFd<'_>, packet: &[u8]) -> std::io::Result<(u32, Vec<u8>)> {
+    use std::os::fd::AsRawFd;
+    let mut out = vec![0u8; packet.len() + 256];
+    let mut attr = TestRunAttr {
+        prog_fd: u32::try_from(program.as_raw_fd()).expect("file descriptors are not negative"),
+        data_size_in: u32::try_from(packet.len()).map_err(std::io::Error::other)?,
+        data_size_out: u32::try_from(out.len()).map_err(std::io::Error::other)?,
+        data_in: packet.as_ptr() as u64,
+        data_out: out.as_mut_ptr() as u64,
+        repeat: 1,
+        ..TestRunAttr::default()
+    };
+    // SAFETY: `attr` is a valid `bpf_attr.test` for BPF_PROG_TEST_RUN; `data_in` points at
+    // `data_size_in` readable bytes and `data_out` at `data_size_out` writable bytes, both
+    // alive for the whole call; the kernel writes only within them and into `attr`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            (&raw mut attr).cast::<libc::c_void>(),
+            size_of::<TestRunAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    out.truncate(attr.data_size_out as usize);
+    Ok((attr.retval, out))
+}
+
 /// The kernel memory (`memlock`, bytes) of every map pinned directly under `bpf_root`.
 pub fn pinned_map_memory(bpf_root: &Path) -> Result<u64, BpfError> {
     use std::os::fd::{AsFd, AsRawFd};

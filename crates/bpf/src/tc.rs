@@ -218,6 +218,33 @@ impl TcNat {
         })
     }
 
+    /// Runs the program once on a crafted Ethernet frame (`BPF_PROG_TEST_RUN`): its verdict
+    /// (`TC_ACT_*`) and the frame as it left.
+    pub fn test_run(&mut self, frame: &[u8]) -> Result<(u32, Vec<u8>), BpfError> {
+        use std::os::fd::AsFd;
+        let program: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(PROGRAM)
+            .ok_or(BpfError::Link {
+                program: PROGRAM,
+                what: "missing from the object",
+                source: "no such program".into(),
+            })?
+            .try_into()
+            .map_err(|source| BpfError::Program {
+                program: PROGRAM,
+                what: "not a tc program",
+                source: Box::new(source),
+            })?;
+        let fd = program.fd().map_err(|source| BpfError::Program {
+            program: PROGRAM,
+            what: "not loaded",
+            source: Box::new(source),
+        })?;
+        crate::sys::prog_test_run(fd.as_fd(), frame)
+            .map_err(|source| BpfError::Io { what: "BPF_PROG_TEST_RUN of the tc program".into(), source })
+    }
+
     /// Every (frontend, source range) the map allows now.
     pub fn allowed_sources(&self) -> Vec<(ServiceKey, IpNet)> {
         self.source_ranges

@@ -91,6 +91,8 @@ fn is_root() -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }
+    let required = std::env::var_os("SVCPLANE_REQUIRE_ROOT").is_some_and(|value| value == "1");
+    assert!(!required, "loading BPF programs and creating cgroups needs root, and SVCPLANE_REQUIRE_ROOT=1");
     eprintln!("SKIPPED: loading BPF programs and creating cgroups needs root");
     false
 }
