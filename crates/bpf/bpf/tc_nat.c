@@ -305,6 +305,197 @@ static __always_inline struct backend_value *pick(const struct packet *p, struct
 	return backend;
 }
 
+/* Folds a bpf_csum_diff sum into a 16-bit one's complement checksum. */
+static __always_inline __u16 fold(__s64 sum)
+{
+	__u64 s = (__u64)sum;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return ~(__u16)s;
+}
+
+static __always_inline int swap_macs(struct __sk_buff *skb)
+{
+	__u8 macs[12], swapped[12];
+	if (bpf_skb_load_bytes(skb, 0, macs, 12))
+		return -1;
+	__builtin_memcpy(swapped, macs + 6, 6);
+	__builtin_memcpy(swapped + 6, macs, 6);
+	return bpf_skb_store_bytes(skb, 0, swapped, 12, 0);
+}
+
+struct pseudo4 {
+	__be32 src;
+	__be32 dst;
+	__u8 zero;
+	__u8 proto;
+	__be16 len;
+};
+
+struct pseudo6 {
+	__u8 src[16];
+	__u8 dst[16];
+	__be32 len;
+	__u8 zero[3];
+	__u8 next;
+};
+
+/* The TCP reset a closed port would answer with: addresses and ports swapped, to the
+ * sender of `p`, out of the interface it came in by. */
+static __always_inline int forge_reset(struct __sk_buff *skb, const struct packet *p)
+{
+	struct tcphdr in;
+	if (bpf_skb_load_bytes(skb, p->l4, &in, sizeof(in)))
+		return TC_ACT_SHOT;
+	if (in.rst)
+		return TC_ACT_SHOT;
+	struct tcphdr out;
+	__builtin_memset(&out, 0, sizeof(out));
+	out.source = in.dest;
+	out.dest = in.source;
+	out.doff = 5;
+	out.rst = 1;
+	if (in.ack) {
+		out.seq = in.ack_seq;
+	} else {
+		__u32 payload = skb->len - p->l4 - in.doff * 4;
+		out.ack = 1;
+		out.ack_seq = bpf_htonl(bpf_ntohl(in.seq) + payload + in.syn + in.fin);
+	}
+	__u32 length = p->l4 + sizeof(out);
+	if (bpf_skb_change_tail(skb, length, 0) || swap_macs(skb))
+		return TC_ACT_SHOT;
+	if (!p->v6) {
+		struct iphdr ip;
+		__builtin_memset(&ip, 0, sizeof(ip));
+		ip.version = 4;
+		ip.ihl = 5;
+		ip.tot_len = bpf_htons(sizeof(ip) + sizeof(out));
+		ip.ttl = 64;
+		ip.protocol = IPPROTO_TCP;
+		ip.saddr = ((const __u32 *)p->flow.dst)[3];
+		ip.daddr = ((const __u32 *)p->flow.src)[3];
+		ip.check = fold(bpf_csum_diff(NULL, 0, (__be32 *)&ip, sizeof(ip), 0));
+		struct pseudo4 ph = { .src = ip.saddr, .dst = ip.daddr, .proto = IPPROTO_TCP, .len = bpf_htons(sizeof(out)) };
+		__s64 sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+		out.check = fold(bpf_csum_diff(NULL, 0, (__be32 *)&out, sizeof(out), (__u32)sum));
+		if (bpf_skb_store_bytes(skb, p->l3, &ip, sizeof(ip), 0))
+			return TC_ACT_SHOT;
+	} else {
+		struct ipv6hdr ip6;
+		__builtin_memset(&ip6, 0, sizeof(ip6));
+		ip6.version = 6;
+		ip6.payload_len = bpf_htons(sizeof(out));
+		ip6.nexthdr = IPPROTO_TCP;
+		ip6.hop_limit = 64;
+		__builtin_memcpy(&ip6.saddr, p->flow.dst, 16);
+		__builtin_memcpy(&ip6.daddr, p->flow.src, 16);
+		struct pseudo6 ph;
+		__builtin_memset(&ph, 0, sizeof(ph));
+		__builtin_memcpy(ph.src, p->flow.dst, 16);
+		__builtin_memcpy(ph.dst, p->flow.src, 16);
+		ph.len = bpf_htonl(sizeof(out));
+		ph.next = IPPROTO_TCP;
+		__s64 sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+		out.check = fold(bpf_csum_diff(NULL, 0, (__be32 *)&out, sizeof(out), (__u32)sum));
+		if (bpf_skb_store_bytes(skb, p->l3, &ip6, sizeof(ip6), 0))
+			return TC_ACT_SHOT;
+	}
+	if (bpf_skb_store_bytes(skb, p->l4, &out, sizeof(out), 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+struct icmp4_error {
+	__u8 type;
+	__u8 code;
+	__u16 check;
+	__u32 unused;
+	struct iphdr original;
+	__u8 original_l4[8];
+};
+
+struct icmp6_error {
+	__u8 type;
+	__u8 code;
+	__u16 check;
+	__u32 unused;
+	struct ipv6hdr original;
+	__u8 original_l4[8];
+};
+
+/* ICMP (v6) port unreachable about `p`, from the address it was sent to, back out of the
+ * interface it came in by: what a closed UDP port answers. */
+static __always_inline int forge_unreachable(struct __sk_buff *skb, const struct packet *p)
+{
+	if (!p->v6) {
+		struct icmp4_error icmp;
+		__builtin_memset(&icmp, 0, sizeof(icmp));
+		if (bpf_skb_load_bytes(skb, p->l3, &icmp.original, sizeof(icmp.original)) ||
+		    bpf_skb_load_bytes(skb, p->l4, icmp.original_l4, sizeof(icmp.original_l4)))
+			return TC_ACT_SHOT;
+		icmp.type = 3; /* destination unreachable */
+		icmp.code = 3; /* port unreachable */
+		icmp.check = fold(bpf_csum_diff(NULL, 0, (__be32 *)&icmp, sizeof(icmp), 0));
+		struct iphdr ip;
+		__builtin_memset(&ip, 0, sizeof(ip));
+		ip.version = 4;
+		ip.ihl = 5;
+		ip.tot_len = bpf_htons(sizeof(ip) + sizeof(icmp));
+		ip.ttl = 64;
+		ip.protocol = IPPROTO_ICMP;
+		ip.saddr = ((const __u32 *)p->flow.dst)[3];
+		ip.daddr = ((const __u32 *)p->flow.src)[3];
+		ip.check = fold(bpf_csum_diff(NULL, 0, (__be32 *)&ip, sizeof(ip), 0));
+		if (bpf_skb_change_tail(skb, p->l3 + sizeof(ip) + sizeof(icmp), 0) || swap_macs(skb) ||
+		    bpf_skb_store_bytes(skb, p->l3, &ip, sizeof(ip), 0) ||
+		    bpf_skb_store_bytes(skb, p->l3 + sizeof(ip), &icmp, sizeof(icmp), 0))
+			return TC_ACT_SHOT;
+	} else {
+		struct icmp6_error icmp;
+		__builtin_memset(&icmp, 0, sizeof(icmp));
+		if (bpf_skb_load_bytes(skb, p->l3, &icmp.original, sizeof(icmp.original)) ||
+		    bpf_skb_load_bytes(skb, p->l4, icmp.original_l4, sizeof(icmp.original_l4)))
+			return TC_ACT_SHOT;
+		icmp.type = 1; /* destination unreachable */
+		icmp.code = 4; /* port unreachable */
+		struct pseudo6 ph;
+		__builtin_memset(&ph, 0, sizeof(ph));
+		__builtin_memcpy(ph.src, p->flow.dst, 16);
+		__builtin_memcpy(ph.dst, p->flow.src, 16);
+		ph.len = bpf_htonl(sizeof(icmp));
+		ph.next = 58; /* ICMPv6 */
+		__s64 sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+		icmp.check = fold(bpf_csum_diff(NULL, 0, (__be32 *)&icmp, sizeof(icmp), (__u32)sum));
+		struct ipv6hdr ip6;
+		__builtin_memset(&ip6, 0, sizeof(ip6));
+		ip6.version = 6;
+		ip6.payload_len = bpf_htons(sizeof(icmp));
+		ip6.nexthdr = 58;
+		ip6.hop_limit = 64;
+		__builtin_memcpy(&ip6.saddr, p->flow.dst, 16);
+		__builtin_memcpy(&ip6.daddr, p->flow.src, 16);
+		if (bpf_skb_change_tail(skb, p->l3 + sizeof(ip6) + sizeof(icmp), 0) || swap_macs(skb) ||
+		    bpf_skb_store_bytes(skb, p->l3, &ip6, sizeof(ip6), 0) ||
+		    bpf_skb_store_bytes(skb, p->l3 + sizeof(ip6), &icmp, sizeof(icmp), 0))
+			return TC_ACT_SHOT;
+	}
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* Whether `addr` is one of the node's addresses the tc program knows (its SNAT source). */
+static __always_inline int is_node_address(const __u8 *addr)
+{
+	__u32 zero = 0;
+	struct tc_config *cfg = bpf_map_lookup_elem(&svcplane_tc_config, &zero);
+	if (!cfg)
+		return 0;
+	const __u32 *a = (const __u32 *)addr, *v4 = (const __u32 *)cfg->node_v4, *v6 = (const __u32 *)cfg->node_v6;
+	return (a[0] == v4[0] && a[1] == v4[1] && a[2] == v4[2] && a[3] == v4[3]) ||
+	       (a[0] == v6[0] && a[1] == v6[1] && a[2] == v6[2] && a[3] == v6[3]);
+}
+
 /* A new flow to a frontend: translate it and remember both directions. */
 static __always_inline int new_flow(struct __sk_buff *skb, const struct packet *p)
 {
@@ -316,10 +507,13 @@ static __always_inline int new_flow(struct __sk_buff *skb, const struct packet *
 	__u32 flags = svc->flags;
 	if ((flags & SVC_F_SOURCE_RANGES) && !source_allowed(p))
 		return TC_ACT_SHOT;
-	/* No endpoint at all: a NodePort address is the node's own, whose stack refuses a port
-	 * nobody listens on (reset / ICMP port unreachable); elsewhere, drop. */
-	if (flags & SVC_F_REJECT)
-		return TC_ACT_OK;
+	/* No endpoint at all: refused as a closed port would be (a reset, ICMP port
+	 * unreachable), by the node's own stack when the address is the node's. */
+	if (flags & SVC_F_REJECT) {
+		if (is_node_address(p->flow.dst))
+			return TC_ACT_OK;
+		return p->flow.proto == IPPROTO_TCP ? forge_reset(skb, p) : forge_unreachable(skb, p);
+	}
 	if (flags & SVC_F_DROP)
 		return TC_ACT_SHOT;
 	struct backend_value *backend = pick(p, svc);

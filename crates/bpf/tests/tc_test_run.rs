@@ -193,3 +193,31 @@ fn a_packet_to_no_frontend_passes_untouched() {
     assert_eq!(verdict, TC_ACT_OK);
     assert_eq!(out, packet);
 }
+
+#[test]
+fn a_service_without_endpoints_answers_a_syn_with_a_reset_and_a_datagram_with_port_unreachable() {
+    if !is_root() {
+        return;
+    }
+    const TC_ACT_REDIRECT: u32 = 7;
+    let cluster_ip = socket(Ipv4Addr::new(198, 19, 0, 20), 80);
+    let client = socket(CLIENT, 40005);
+    let mut fixture = Fixture::new(cluster_ip, PROTO_TCP, ServiceFlags::REJECT, &[]);
+    let (verdict, out) = fixture.tc.test_run(&frame(client, cluster_ip, PROTO_TCP)).expect("a test run");
+    assert_eq!(verdict, TC_ACT_REDIRECT, "sent back out");
+    assert_eq!(out.len(), 14 + 20 + 20, "a bare reset");
+    assert_eq!(addresses(&out), (cluster_ip, client), "from the Service address to the client");
+    assert_eq!(out[34 + 13] & 0x04, 0x04, "RST set");
+    assert_eq!(u32::from_be_bytes(out[34 + 8..34 + 12].try_into().unwrap()), 1001, "acknowledges the SYN");
+    assert_checksums_valid(&out);
+
+    let mut fixture = Fixture::new(cluster_ip, PROTO_UDP, ServiceFlags::REJECT, &[]);
+    let (verdict, out) = fixture.tc.test_run(&frame(client, cluster_ip, PROTO_UDP)).expect("a test run");
+    assert_eq!(verdict, TC_ACT_REDIRECT, "sent back out");
+    assert_eq!(out[23], 1, "an ICMP message");
+    assert_eq!((out[34], out[35]), (3, 3), "destination unreachable, port unreachable");
+    assert_eq!(&out[26..30], &[198, 19, 0, 20], "from the Service address");
+    assert_eq!(checksum(&out[14..34], 0), 0, "the IPv4 header checksum is valid");
+    assert_eq!(checksum(&out[34..], 0), 0, "the ICMP checksum is valid");
+    assert_eq!(&out[42 + 16..42 + 20], &[198, 19, 0, 20], "it quotes the datagram it refuses");
+}

@@ -1,7 +1,7 @@
 //! Backends the real-kernel runner is used with by more than one test crate.
 
 use super::cluster::Backend;
-use super::{Frontend, Outcome, Scenario, Sender, SourceSeen};
+use super::{Scenario, Sender, SourceSeen};
 
 pub const EBPF: Backend = Backend {
     name: "ebpf",
@@ -19,12 +19,6 @@ fn not_applicable(row: &Scenario) -> Option<&'static str> {
         Sender::ExternalClient | Sender::ExternalClientInsideRange | Sender::ExternalClientOutsideRange
     );
     match row.from {
-        // The tc program leaves a refused flow to the node's own stack: right for a NodePort
-        // (a local address nobody listens on), but a ClusterIP routed via the node has no
-        // stack to refuse it, and the program does not forge the reset or ICMP error yet.
-        _ if from_outside && row.expect == Outcome::Rejected && row.to == Frontend::ClusterIp => {
-            Some("not yet: the tc program does not forge refusals for addresses that are not the node's")
-        }
         // Traffic from outside goes through the tc program, which translates like the other modes.
         _ if from_outside => None,
         // The socket balancer translates no address: the endpoint sees the pod (or the node)
