@@ -187,7 +187,12 @@ impl Sandbox {
     /// eBPF mode with maps sized for `services` x `endpoints` (as `--bpf-map-*` would).
     fn ebpf(&self, services: usize, endpoints: usize) -> EbpfBackend {
         let sizes = sizes_for(services, endpoints);
-        EbpfBackend::new(EbpfOptions { bpf_root: self.bpf_root.clone(), cgroup: Some(self.cgroup.clone()), sizes })
+        EbpfBackend::new(EbpfOptions {
+            bpf_root: self.bpf_root.clone(),
+            cgroup: Some(self.cgroup.clone()),
+            sizes,
+            ..EbpfOptions::default()
+        })
     }
 
     /// Runs `work` on a thread inside the namespace (the backend reads the node's netns
@@ -479,6 +484,7 @@ fn run_connections(args: &Args, out: &mut String) -> anyhow::Result<()> {
         bpf_root: bpf_root.clone(),
         cgroup: lab.node_cgroup(1).map(Path::to_path_buf),
         sizes: sizes_for(args.others + 1, 10),
+        ..EbpfOptions::default()
     });
     let synced = lab.run_in(&node_ns, || ebpf.sync(&plan, &PlanDiff::default()))?;
     let measured = synced

@@ -164,6 +164,11 @@ pub struct EbpfArgs {
     /// Capacity of the ClientIP affinity map (LRU).
     #[arg(long, value_name = "N", default_value_t = 65_536)]
     pub bpf_map_affinity: u32,
+    /// Entries of each Maglev table the tc program picks endpoints of NodePorts,
+    /// load-balancer and external IPs with (a prime; ~100x the endpoints for under 1 %
+    /// disruption).
+    #[arg(long, value_name = "PRIME", default_value_t = 16_381, value_parser = maglev_size)]
+    pub maglev_table_size: u32,
     /// Capacity of the per-socket reverse-translation and UDP-flow maps (LRU).
     #[arg(long, value_name = "N", default_value_t = 262_144)]
     pub bpf_map_sockets: u32,
@@ -327,6 +332,14 @@ fn parse_upstream(text: &str) -> Result<SocketAddr, String> {
     bare.parse::<IpAddr>()
         .map(|ip| SocketAddr::new(ip, 53))
         .map_err(|_| format!("{text:?} is not an IP address with an optional port"))
+}
+
+fn maglev_size(text: &str) -> Result<u32, String> {
+    let size: u32 = text.parse().map_err(|error| format!("--maglev-table-size {text:?}: {error}"))?;
+    if !(251..=131_071).contains(&size) || !svcplane_backend_ebpf::is_prime(size) {
+        return Err(format!("--maglev-table-size {size}: must be a prime between 251 and 131071"));
+    }
+    Ok(size)
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ fn ebpf_options(args: &EbpfArgs) -> EbpfOptions {
             affinity: args.bpf_map_affinity,
             reverse: args.bpf_map_sockets,
         },
+        maglev_size: args.maglev_table_size,
     }
 }
 

@@ -11,8 +11,8 @@ use std::net::{IpAddr, SocketAddr};
 use svcplane_bpf::maps::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use svcplane_bpf::{Scope, ServiceKey};
 use svcplane_core::{
-    Destination, EndpointSetKind, Frontend, IpFamily, NodePlan, PlanKey, Protocol, ServicePortPlan, SourceMatch,
-    Unrouted,
+    Destination, EndpointSetKind, Frontend, FrontendKind, IpFamily, NodePlan, PlanKey, Protocol, ServicePortPlan,
+    SourceMatch, Unrouted,
 };
 
 use ipnet::IpNet;
@@ -39,6 +39,9 @@ pub struct PortEntries {
     /// External-scope entries only sources inside these ranges may use
     /// (`loadBalancerSourceRanges`).
     pub source_ranges: BTreeMap<ServiceKey, Vec<IpNet>>,
+    /// Sets that external traffic to a NodePort, load-balancer or external IP balances over:
+    /// the tc program picks in them with a Maglev table.
+    pub maglev_sets: BTreeSet<EndpointSetKind>,
     /// ClientIP affinity timeout in seconds (0: none).
     pub affinity_seconds: u32,
     /// UDP ports: every endpoint still serving (ready or terminating); flows already on one
@@ -161,6 +164,9 @@ pub fn render_port(plan: &NodePlan, port: &ServicePortPlan, node: &NodeAddresses
             let (decision, masquerade) = decide(plan, port, frontend, scope);
             if let Decision::Balance(set) = decision {
                 entries.sets.entry(set).or_insert_with(|| port.endpoints(set).to_vec());
+                if scope == Scope::External && frontend.kind != FrontendKind::ClusterIp {
+                    entries.maglev_sets.insert(set);
+                }
             }
             for ip in frontend_addresses(plan, port.family, frontend, node) {
                 let key = ServiceKey::new(SocketAddr::new(ip, frontend.port), proto, scope);

@@ -37,11 +37,18 @@ pub struct EbpfOptions {
     /// The cgroup v2 directory to attach to; `None`: the cgroup2 mount's root, as on a node.
     pub cgroup: Option<PathBuf>,
     pub sizes: MapSizes,
+    /// Entries of each Maglev table (a prime).
+    pub maglev_size: u32,
 }
 
 impl Default for EbpfOptions {
     fn default() -> Self {
-        Self { bpf_root: PathBuf::from(DEFAULT_BPF_ROOT), cgroup: None, sizes: MapSizes::default() }
+        Self {
+            bpf_root: PathBuf::from(DEFAULT_BPF_ROOT),
+            cgroup: None,
+            sizes: MapSizes::default(),
+            maglev_size: svcplane_bpf::maglev::DEFAULT_TABLE_SIZE,
+        }
     }
 }
 
@@ -112,7 +119,7 @@ impl EbpfBackend {
         let options = SockLbOptions { bpf_root: self.options.bpf_root.clone(), cgroup, sizes: self.options.sizes };
         let cookie = svcplane_bpf::sys::current_netns_cookie()?;
         let lb = SockLb::open(&options, cookie)?;
-        let mut tc = TcNat::open(&self.options.bpf_root, self.options.sizes)?;
+        let mut tc = TcNat::open(&self.options.bpf_root, self.options.sizes, self.options.maglev_size)?;
         let interfaces = svcplane_bpf::tc::node_interfaces()?;
         for interface in &interfaces {
             tc.attach(interface)?;
@@ -170,6 +177,19 @@ impl EbpfBackend {
             tc.allow_source(key, range)?;
             operations += 1;
         }
+        let tables: Vec<(u32, &[SocketAddr])> = record
+            .values()
+            .flat_map(|w| w.entries.maglev_sets.iter().map(|kind| (w.set_ids[kind], w.entries.sets[kind].as_slice())))
+            .collect();
+        tc.set_maglev_many(&tables)?;
+        operations += tables.len();
+        let wanted_maglev: BTreeSet<u32> = tables.iter().map(|(set, _)| *set).collect();
+        for set in tc.maglev_sets() {
+            if !wanted_maglev.contains(&set) {
+                tc.remove_maglev(set);
+                operations += 1;
+            }
+        }
         for (key, range) in tc.allowed_sources() {
             if !wanted_ranges.contains(&(key, range)) {
                 tc.disallow_source(&key, &range);
@@ -212,6 +232,7 @@ impl EbpfBackend {
                     }
                     let tc = self.tc.as_mut().expect("opened with lb");
                     operations += update_ranges(tc, Some(&old.entries), None)?;
+                    operations += update_maglev(tc, Some(&old), None)?;
                     self.record.remove(key);
                 }
                 continue;
@@ -255,6 +276,7 @@ impl EbpfBackend {
             }
             let tc = self.tc.as_mut().expect("opened with lb");
             operations += update_ranges(tc, old.as_ref().map(|o| &o.entries), Some(&written.entries))?;
+            operations += update_maglev(tc, old.as_ref(), Some(&written))?;
             self.record.insert(key.clone(), written);
         }
         Ok(SyncReport { full: false, service_ports: ports, operations })
@@ -404,6 +426,29 @@ fn update_ranges(tc: &mut TcNat, old: Option<&PortEntries>, new: Option<&PortEnt
         tc.disallow_source(key, range);
     }
     Ok(after.symmetric_difference(&before).count())
+}
+
+/// Maglev tables of one service port: rebuilt for sets whose endpoints changed or that are
+/// new, dropped for sets no longer balanced from outside.
+fn update_maglev(tc: &mut TcNat, old: Option<&Written>, new: Option<&Written>) -> Result<usize, BpfError> {
+    let tables = |written: Option<&Written>| -> BTreeMap<u32, Vec<SocketAddr>> {
+        written
+            .map(|w| w.entries.maglev_sets.iter().map(|kind| (w.set_ids[kind], w.entries.sets[kind].clone())).collect())
+            .unwrap_or_default()
+    };
+    let (before, after) = (tables(old), tables(new));
+    let mut operations = 0;
+    for (set, endpoints) in &after {
+        if before.get(set) != Some(endpoints) {
+            tc.set_maglev(*set, endpoints)?;
+            operations += 1;
+        }
+    }
+    for set in before.keys().filter(|set| !after.contains_key(set)) {
+        tc.remove_maglev(*set);
+        operations += 1;
+    }
+    Ok(operations)
 }
 
 fn insert_live(lb: &mut SockLb, key: LiveKey) -> Result<(), BpfError> {

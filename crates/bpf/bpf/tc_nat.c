@@ -25,11 +25,32 @@ char _license[] SEC("license") = "Dual BSD/GPL";
 
 #define NS_PER_SEC 1000000000ULL
 
-/* The node's own addresses (IPv4-mapped and IPv6), the SNAT source. */
+/* The node's own addresses (IPv4-mapped and IPv6), the SNAT source, and the Maglev table
+ * size. */
 struct tc_config {
 	__u8 node_v4[16];
 	__u8 node_v6[16];
+	__u32 maglev_size;
+	__u32 pad;
 };
+
+/* Maglev: per endpoint set of an externally reachable frontend, a table of prime size
+ * whose entries are slots of the set (written whole by userspace, swapped in atomically). */
+struct maglev_table {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 16381);
+	__uint(map_flags, BPF_F_INNER_MAP);
+	__type(key, __u32);
+	__type(value, __u32);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct maglev_table);
+} svcplane_maglev SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -91,7 +112,9 @@ struct nat {
 	__u8 dst[16];
 	__u16 sport;
 	__u16 dport;
-	__u32 port_id; /* forward entries; 0 in replies */
+	__u32 port_id; /* forward entries of UDP flows; 0 otherwise */
+	__u8 forward;  /* 1: the client's direction; 0: replies */
+	__u8 pad[7];
 };
 
 #define AF_INET 2
@@ -238,6 +261,17 @@ static __always_inline int translate(struct __sk_buff *skb, const struct packet 
 	return redirect_to_route(skb, p, to);
 }
 
+/* A TCP SYN without ACK: the first packet of a connection. */
+static __always_inline int is_new_connection(struct __sk_buff *skb, const struct packet *p)
+{
+	if (p->flow.proto != IPPROTO_TCP)
+		return 0;
+	__u8 flags;
+	if (bpf_skb_load_bytes(skb, p->l4 + 13, &flags, 1))
+		return 0;
+	return (flags & 0x12) == 0x02;
+}
+
 /* Whether a UDP flow's endpoint still serves its service port. */
 static __always_inline int still_serving(const struct nat *forward)
 {
@@ -262,6 +296,20 @@ static __always_inline int source_allowed(const struct packet *p)
 	__builtin_memcpy(key.frontend, p->flow.dst, 16);
 	__builtin_memcpy(key.source, p->flow.src, 16);
 	return bpf_map_lookup_elem(&svcplane_source_ranges, &key) != NULL;
+}
+
+/* A hash of the flow's source and protocol (its destination is the frontend itself). */
+static __always_inline __u32 flow_hash(const struct packet *p)
+{
+	const __u32 *src = (const __u32 *)p->flow.src;
+	__u32 h = 0x9747b28c;
+	h = (h ^ src[0]) * 0x01000193;
+	h = (h ^ src[1]) * 0x01000193;
+	h = (h ^ src[2]) * 0x01000193;
+	h = (h ^ src[3]) * 0x01000193;
+	h = (h ^ ((__u32)p->flow.sport << 16 | p->flow.proto)) * 0x01000193;
+	h ^= h >> 15;
+	return h;
 }
 
 static __always_inline __u64 client_of(const struct packet *p)
@@ -296,6 +344,19 @@ static __always_inline struct backend_value *pick(const struct packet *p, struct
 		}
 	}
 	struct backend_key bkey = { .backend_set = svc->backend_set, .slot = bpf_get_prandom_u32() % count };
+	/* Without affinity, a Maglev table (where the set has one) picks by the flow's hash:
+	 * every node picks the same endpoint for a flow, and a changed set moves few flows. */
+	if (!(svc->flags & SVC_F_AFFINITY)) {
+		__u32 zero = 0;
+		struct tc_config *cfg = bpf_map_lookup_elem(&svcplane_tc_config, &zero);
+		void *table = bpf_map_lookup_elem(&svcplane_maglev, &svc->backend_set);
+		if (cfg && table && cfg->maglev_size) {
+			__u32 index = flow_hash(p) % cfg->maglev_size;
+			__u32 *slot = bpf_map_lookup_elem(table, &index);
+			if (slot && *slot < count)
+				bkey.slot = *slot;
+		}
+	}
 	struct backend_value *backend = bpf_map_lookup_elem(&svcplane_backends, &bkey);
 	if (backend && (svc->flags & SVC_F_AFFINITY)) {
 		struct affinity_value fresh = { .last_used_ns = now, .backend = *backend };
@@ -527,6 +588,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, const struct packet *
 	__builtin_memcpy(forward.src, p->flow.src, 16);
 	forward.sport = p->flow.sport;
 	forward.port_id = p->flow.proto == IPPROTO_UDP ? svc->port_id : 0;
+	forward.forward = 1;
 	if (flags & SVC_F_MASQ) {
 		__u32 zero = 0;
 		struct tc_config *cfg = bpf_map_lookup_elem(&svcplane_tc_config, &zero);
@@ -579,8 +641,9 @@ int svcplane_tc_ingress(struct __sk_buff *skb)
 	struct nat *known = bpf_map_lookup_elem(&svcplane_ct, &p.flow);
 	if (known) {
 		struct nat to = *known;
-		/* A UDP flow whose endpoint stopped serving is balanced afresh. */
-		if (!to.port_id || still_serving(&to))
+		/* A UDP flow whose endpoint stopped serving is balanced afresh; so is a TCP SYN
+		 * that reuses the ports of a connection long gone (the entry outlived it). */
+		if ((!to.port_id || still_serving(&to)) && !(to.forward && is_new_connection(skb, &p)))
 			return translate(skb, &p, &to);
 		bpf_map_delete_elem(&svcplane_ct, &p.flow);
 	}

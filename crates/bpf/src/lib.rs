@@ -7,6 +7,7 @@
 //! policy. It writes what it is told into maps; `svcplane-backend-ebpf` decides what that is.
 
 mod error;
+pub mod maglev;
 pub mod maps;
 mod pod;
 pub mod sock_lb;

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
-use aya::maps::{Array, Map, MapData};
+use aya::maps::{Array, HashOfMaps, Map, MapData};
 use aya::programs::links::FdLink;
 use aya::programs::{SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
@@ -20,10 +20,15 @@ pub const TC_CONFIG_MAP: &str = "svcplane_tc_config";
 pub const CLUSTER_CIDRS_MAP: &str = "svcplane_cluster_cidrs";
 pub const SOURCE_RANGES_MAP: &str = "svcplane_source_ranges";
 pub const CT_MAP: &str = "svcplane_ct";
+pub const MAGLEV_MAP: &str = "svcplane_maglev";
 /// Every map only the tc program has.
-pub const TC_MAPS: [&str; 4] = [TC_CONFIG_MAP, CLUSTER_CIDRS_MAP, SOURCE_RANGES_MAP, CT_MAP];
+pub const TC_MAPS: [&str; 5] = [TC_CONFIG_MAP, CLUSTER_CIDRS_MAP, SOURCE_RANGES_MAP, CT_MAP, MAGLEV_MAP];
 const PROGRAM: &str = "svcplane_tc_ingress";
 const LINK_PREFIX: &str = "tc-";
+/// linux/bpf.h: an inner map whose size may differ from the template's (tables of any
+/// prime size fit the outer map); the flags of a map put into the outer map must match
+/// the template's.
+const BPF_F_INNER_MAP: u32 = 1 << 12;
 
 /// The node's addresses the tc program translates sources to (`struct tc_config`).
 #[repr(C)]
@@ -31,6 +36,8 @@ const LINK_PREFIX: &str = "tc-";
 pub struct TcConfig {
     pub node_v4: [u8; 16],
     pub node_v6: [u8; 16],
+    pub maglev_size: u32,
+    pub pad: u32,
 }
 
 /// A source-range entry's data (`struct range_key` after its prefix length).
@@ -45,7 +52,7 @@ pub struct RangeData {
 }
 
 const _: () = {
-    assert!(size_of::<TcConfig>() == 32);
+    assert!(size_of::<TcConfig>() == 40);
     assert!(size_of::<RangeData>() == 36);
 };
 
@@ -64,6 +71,10 @@ pub struct TcNat {
     config: Array<MapData, TcConfig>,
     cluster_cidrs: LpmTrie<MapData, [u8; 16], u8>,
     source_ranges: LpmTrie<MapData, RangeData, u8>,
+    maglev: HashOfMaps<MapData, u32, Array<MapData, u32>>,
+    /// The same outer map, untyped, for batched updates.
+    maglev_outer: MapData,
+    maglev_size: u32,
     /// Entries of `cluster_cidrs` written so far.
     written_cidrs: Vec<IpNet>,
 }
@@ -77,7 +88,7 @@ impl std::fmt::Debug for TcNat {
 impl TcNat {
     /// Loads the program against the pins under `bpf_root` (the socket balancer's maps must
     /// be pinned there already: [`crate::SockLb::open`] first).
-    pub fn open(bpf_root: &Path, sizes: MapSizes) -> Result<Self, BpfError> {
+    pub fn open(bpf_root: &Path, sizes: MapSizes, maglev_size: u32) -> Result<Self, BpfError> {
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(bpf_root)
             .map_max_entries(SERVICES_MAP, sizes.services)
@@ -108,12 +119,21 @@ impl TcNat {
         let config = typed(&mut ebpf, TC_CONFIG_MAP)?;
         let cluster_cidrs = typed(&mut ebpf, CLUSTER_CIDRS_MAP)?;
         let source_ranges = typed(&mut ebpf, SOURCE_RANGES_MAP)?;
+        let maglev = typed(&mut ebpf, MAGLEV_MAP)?;
+        let maglev_outer = MapData::from_pin(bpf_root.join(MAGLEV_MAP)).map_err(|source| BpfError::Map {
+            map: MAGLEV_MAP,
+            what: "opening its pin for batched updates".into(),
+            source: Box::new(source),
+        })?;
         Ok(Self {
+            maglev_outer,
             ebpf,
             bpf_root: bpf_root.to_owned(),
             config,
             cluster_cidrs,
             source_ranges,
+            maglev,
+            maglev_size,
             written_cidrs: Vec::new(),
         })
     }
@@ -171,7 +191,7 @@ impl TcNat {
     /// The node's addresses external flows are translated to, and the cluster CIDRs whose
     /// sources are pods.
     pub fn configure(&mut self, node_ips: &[IpAddr], cluster_cidrs: &[IpNet]) -> Result<(), BpfError> {
-        let mut config = TcConfig::default();
+        let mut config = TcConfig { maglev_size: self.maglev_size, ..TcConfig::default() };
         if let Some(v4) = node_ips.iter().find(|ip| ip.is_ipv4()) {
             config.node_v4 = address_bytes(*v4);
         }
@@ -243,6 +263,59 @@ impl TcNat {
         })?;
         crate::sys::prog_test_run(fd.as_fd(), frame)
             .map_err(|source| BpfError::Io { what: "BPF_PROG_TEST_RUN of the tc program".into(), source })
+    }
+
+    /// Replaces the Maglev table of endpoint set `set` with one built for `endpoints` (in
+    /// slot order): a new table is filled, then swapped in with one update.
+    pub fn set_maglev(&mut self, set: u32, endpoints: &[std::net::SocketAddr]) -> Result<(), BpfError> {
+        let entries = crate::maglev::table(endpoints, self.maglev_size);
+        let failed = |what: &str, source: aya::maps::MapError| BpfError::Map {
+            map: MAGLEV_MAP,
+            what: format!("{what} for endpoint set {set}"),
+            source: Box::new(source),
+        };
+        let table: Array<MapData, u32> =
+            Array::create(self.maglev_size, BPF_F_INNER_MAP).map_err(|source| failed("creating a table", source))?;
+        let indexes: Vec<u32> = (0..self.maglev_size).collect();
+        crate::sys::update_batch(aya::maps::IterableMap::map(&table), &indexes, &entries)
+            .map_err(|source| BpfError::Io { what: format!("filling the Maglev table of set {set}"), source })?;
+        self.maglev.insert(set, &table, 0).map_err(|source| failed("swapping the table in", source))
+    }
+
+    /// [`TcNat::set_maglev`] for many sets at once: the tables are built and filled, then
+    /// swapped in with one batched update. (The kernel waits for an RCU grace period after
+    /// every update of a map of maps, ~10 ms; a batch waits once.)
+    pub fn set_maglev_many(&mut self, tables: &[(u32, &[std::net::SocketAddr])]) -> Result<(), BpfError> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let mut built = Vec::with_capacity(tables.len());
+        for (set, endpoints) in tables {
+            let entries = crate::maglev::table(endpoints, self.maglev_size);
+            let table: Array<MapData, u32> =
+                Array::create(self.maglev_size, BPF_F_INNER_MAP).map_err(|source| BpfError::Map {
+                    map: MAGLEV_MAP,
+                    what: format!("creating a table for set {set}"),
+                    source: Box::new(source),
+                })?;
+            let indexes: Vec<u32> = (0..self.maglev_size).collect();
+            crate::sys::update_batch(aya::maps::IterableMap::map(&table), &indexes, &entries)
+                .map_err(|source| BpfError::Io { what: format!("filling the Maglev table of set {set}"), source })?;
+            built.push(table);
+        }
+        let keys: Vec<u32> = tables.iter().map(|(set, _)| *set).collect();
+        let fds: Vec<u32> =
+            built.iter().map(|table| aya::maps::IterableMap::map(table).fd().as_fd().as_raw_fd() as u32).collect();
+        crate::sys::update_batch(&self.maglev_outer, &keys, &fds)
+            .map_err(|source| BpfError::Io { what: "swapping Maglev tables in".into(), source })
+    }
+
+    /// Drops the Maglev table of endpoint set `set` (flows to it are then picked at random).
+    pub fn remove_maglev(&mut self, set: u32) {
+        let _ = self.maglev.remove(&set);
+    }
+
+    /// The endpoint sets that have a Maglev table.
+    pub fn maglev_sets(&self) -> Vec<u32> {
+        self.maglev.keys().filter_map(Result::ok).collect()
     }
 
     /// Every (frontend, source range) the map allows now.

@@ -35,7 +35,8 @@ impl Fixture {
         let root = tempfile::tempdir().expect("a temporary directory");
         let bpf_root = root.path().join("bpf");
         svcplane_bpf::sys::ensure_bpffs(&bpf_root).expect("a bpffs");
-        let mut tc = TcNat::open(&bpf_root, MapSizes::default()).expect("loading the tc program");
+        let mut tc = TcNat::open(&bpf_root, MapSizes::default(), svcplane_bpf::maglev::DEFAULT_TABLE_SIZE)
+            .expect("loading the tc program");
         tc.configure(&[IpAddr::V4(NODE)], &[CLUSTER_CIDR.parse().unwrap()]).expect("configuring");
         let (mut services, mut backends) =
             svcplane_bpf::sock_lb::open_pinned_services(&bpf_root).expect("the pinned maps");

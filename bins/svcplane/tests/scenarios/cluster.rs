@@ -487,7 +487,10 @@ impl Cluster {
                     }
                 }
             });
-            pending.is_empty().then_some(true)
+            // A mode that writes as it goes (eBPF maps) answers before its first sync is
+            // over (health-check servers start after it): wait for the sync to end too.
+            let synced = [THIS_NODE, OTHER_NODE].iter().all(|node| self.proxy_log(*node).contains("synced"));
+            (pending.is_empty() && synced).then_some(true)
         });
         if !matches!(done, Some((true, _))) {
             panic!(
