@@ -228,6 +228,9 @@ pub struct TopArgs {
     pub max_series: usize,
     #[arg(long, value_enum, default_value = "text")]
     pub output: Output,
+    /// Where eBPF mode's pins are (`--mode ebpf`).
+    #[arg(long, value_name = "DIR", default_value = svcplane_backend_ebpf::DEFAULT_BPF_ROOT)]
+    pub bpf_root: PathBuf,
 }
 
 /// How a report is printed.

@@ -87,11 +87,12 @@ pub fn for_render(mode: Mode) -> Box<dyn Dataplane> {
 
 /// A dataplane of `mode` that only reads the kernel's counters (`svcplane top`): nothing is
 /// written, nothing opened before the first read.
-pub fn for_counters(mode: Mode, iptables_backend: IptablesVariant) -> Box<dyn Dataplane> {
+pub fn for_counters(mode: Mode, iptables_backend: IptablesVariant, bpf_root: &std::path::Path) -> Box<dyn Dataplane> {
     match mode {
         Mode::Nftables => Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new()))),
         Mode::Iptables => Box::new(IptablesBackend::new(IptablesCli::new(iptables_variant(iptables_backend)))),
-        // eBPF mode keeps no counters yet: `top` says so.
-        Mode::Ebpf => Box::new(EbpfBackend::new(EbpfOptions::default())),
+        Mode::Ebpf => {
+            Box::new(EbpfBackend::new(EbpfOptions { bpf_root: bpf_root.to_owned(), ..EbpfOptions::default() }))
+        }
     }
 }

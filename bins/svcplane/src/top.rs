@@ -23,7 +23,7 @@ pub fn run(args: &TopArgs) -> anyhow::Result<()> {
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing the signal handler")?;
     }
-    let mut dataplane = modes::for_counters(args.mode, args.iptables_backend);
+    let mut dataplane = modes::for_counters(args.mode, args.iptables_backend, &args.bpf_root);
     let interval = Duration::from_millis(args.interval_ms.max(100));
     let terminal = std::io::stdout().is_terminal();
     let mut previous: BTreeMap<Key, u64> = BTreeMap::new();

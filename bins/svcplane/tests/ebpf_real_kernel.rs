@@ -106,3 +106,15 @@ fn detached_programs_are_attached_again_within_five_seconds() {
     assert!(repaired.is_some(), "the programs were not attached again within 5 s\n{}", cluster.diagnostics());
     cluster.teardown();
 }
+
+#[test]
+fn the_per_endpoint_counters_grow_by_exactly_the_connections_each_endpoint_answered() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "the_per_endpoint_counters_grow_by_exactly_the_connections_each_endpoint_answered",
+    ) {
+        return;
+    }
+    let cluster = Cluster::start(EBPF);
+    scenarios::real::check_connection_counters(&cluster);
+    cluster.teardown();
+}

@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
+use svcplane_bpf::aya_maps::IterableMap;
+use svcplane_bpf::maps::PortName;
 use svcplane_bpf::tc::TcNat;
 use svcplane_bpf::{
     BackendKey, BackendValue, BpfError, LiveKey, MapSizes, ServiceFlags, ServiceKey, ServiceValue, SockLb,
@@ -165,6 +167,16 @@ impl EbpfBackend {
             record.insert(key.clone(), written);
         }
         let mut operations = bulk.write(lb)?;
+        let (name_ids, name_values): (Vec<u32>, Vec<PortName>) =
+            record.iter().map(|(key, written)| (written.port_id, port_name(key))).unzip();
+        svcplane_bpf::sys::update_batch(IterableMap::map(&lb.names), &name_ids, &name_values)
+            .map_err(|source| batch_error(svcplane_bpf::maps::PORT_NAMES_MAP, lb.sizes.services, source))?;
+        let live_ids: BTreeSet<u32> = name_ids.iter().copied().collect();
+        let stale_names: Vec<u32> =
+            lb.names.keys().filter_map(Result::ok).filter(|id| !live_ids.contains(id)).collect();
+        for id in stale_names {
+            let _ = lb.names.remove(&id);
+        }
         let tc = self.tc.as_mut().expect("opened with lb");
         tc.configure(&plan.config.node_ips, &plan.config.cluster_cidrs)?;
         let wanted_ranges: BTreeSet<(ServiceKey, IpNet)> = record
@@ -226,6 +238,7 @@ impl EbpfBackend {
             let Some(port) = plan.service_ports.get(key) else {
                 if let Some(old) = old {
                     operations += remove_written(lb, &old, None)?;
+                    let _ = lb.names.remove(&old.port_id);
                     for live in old.live_keys() {
                         remove_live(lb, &live)?;
                         operations += 1;
@@ -259,6 +272,11 @@ impl EbpfBackend {
                 |o| o.port_id,
             );
             let written = Written { entries, set_ids, port_id };
+            if old.is_none() {
+                lb.names.insert(port_id, port_name(key), 0).map_err(|source| {
+                    map_error(svcplane_bpf::maps::PORT_NAMES_MAP, lb.sizes.services, port_id, source)
+                })?;
+            }
             let old_live: BTreeSet<LiveKey> = old.iter().flat_map(Written::live_keys).collect();
             let new_live: BTreeSet<LiveKey> = written.live_keys().collect();
             for live in new_live.difference(&old_live) {
@@ -451,6 +469,13 @@ fn update_maglev(tc: &mut TcNat, old: Option<&Written>, new: Option<&Written>) -
     Ok(operations)
 }
 
+/// A service port's name as counter readers show it (`namespace/name:port`).
+fn port_name(key: &PlanKey) -> PortName {
+    let service = &key.name.service;
+    let label = svcplane_core::counters::service_port_label(&service.namespace, &service.name, &key.name.port_name);
+    PortName::new(&label, crate::render::protocol_number(key.name.protocol))
+}
+
 fn insert_live(lb: &mut SockLb, key: LiveKey) -> Result<(), BpfError> {
     lb.live.insert(key, 1, 0).map_err(|source| map_error(svcplane_bpf::maps::LIVE_MAP, lb.sizes.backends, key, source))
 }
@@ -539,6 +564,31 @@ impl Dataplane for EbpfBackend {
             self.full_pending = true;
         }
         Ok(result?)
+    }
+
+    fn counters(&mut self) -> Result<Vec<svcplane_core::counters::EndpointCounter>, DataplaneError> {
+        let counters = svcplane_bpf::sock_lb::read_counters(&self.options.bpf_root)?;
+        Ok(counters
+            .into_iter()
+            .filter_map(|(name, key, connections)| {
+                let name = name?;
+                let protocol = match name.proto {
+                    svcplane_bpf::maps::PROTO_TCP => svcplane_core::Protocol::Tcp,
+                    svcplane_bpf::maps::PROTO_UDP => svcplane_core::Protocol::Udp,
+                    _ => svcplane_core::Protocol::Sctp,
+                };
+                let endpoint = SocketAddr::new(
+                    svcplane_bpf::maps::address_of(key.addr),
+                    u16::from_be_bytes(key.port.to_ne_bytes()),
+                );
+                Some(svcplane_core::counters::EndpointCounter {
+                    service_port: name.name(),
+                    protocol,
+                    endpoint,
+                    connections,
+                })
+            })
+            .collect())
     }
 
     fn request_full_resync(&mut self) {

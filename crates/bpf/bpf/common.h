@@ -151,4 +151,35 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svcplane_live SEC(".maps");
 
+/* New connections (TCP, connected UDP, new UDP flows, tc flows) sent to each endpoint of
+ * each service port, keyed like svcplane_live. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 131072);
+	__type(key, struct live_key);
+	__type(value, __u64);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_counters SEC(".maps");
+
+static __always_inline void count_connection(__u32 port_id, const struct backend_value *backend)
+{
+	struct live_key key;
+	__builtin_memset(&key, 0, sizeof(key));
+	key.port_id = port_id;
+	key.port = backend->port;
+	__builtin_memcpy(key.addr, backend->addr, 16);
+	__u64 *count = bpf_map_lookup_elem(&svcplane_counters, &key);
+	if (count) {
+		__sync_fetch_and_add(count, 1);
+		return;
+	}
+	__u64 one = 1;
+	if (bpf_map_update_elem(&svcplane_counters, &key, &one, BPF_NOEXIST)) {
+		count = bpf_map_lookup_elem(&svcplane_counters, &key);
+		if (count)
+			__sync_fetch_and_add(count, 1);
+	}
+}
+
 #endif

@@ -16,6 +16,23 @@ char _license[] SEC("license") = "Dual BSD/GPL";
  * conntrack entry would keep it (the kernel's default UDP timeout is 30 s). */
 #define UDP_FLOW_IDLE_NS (30ULL * NS_PER_SEC)
 
+/* The name of each service port id, for readers of svcplane_counters (`svcplane top`):
+ * written and read by userspace only. */
+struct port_name {
+	char name[124];
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct port_name);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_port_names SEC(".maps");
+
 struct udp_flow_key {
 	__u64 netns;
 	struct svc_key service;
@@ -89,6 +106,7 @@ static __always_inline int pick(struct bpf_sock_addr *ctx, struct svc_key *key, 
 			if (still && bkey.slot < count && same_backend(still, &aff->backend)) {
 				aff->last_used_ns = now;
 				*out = *still;
+				count_connection(svc->port_id, still);
 				return LB_REWRITE;
 			}
 		}
@@ -99,6 +117,7 @@ static __always_inline int pick(struct bpf_sock_addr *ctx, struct svc_key *key, 
 	if (!backend)
 		return LB_DROP; /* a set being rewritten: never a half-updated answer */
 	*out = *backend;
+	count_connection(svc->port_id, backend);
 	if (flags & SVC_F_AFFINITY) {
 		struct affinity_value fresh = { .last_used_ns = now, .backend = *backend };
 		fresh.backend.pad = (__u16)bkey.slot;

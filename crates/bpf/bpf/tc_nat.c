@@ -628,6 +628,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, const struct packet *
 	}
 	if (bpf_map_update_elem(&svcplane_ct, &p->flow, &forward, BPF_ANY))
 		return TC_ACT_SHOT;
+	count_connection(svc->port_id, backend);
 	return translate(skb, p, &forward);
 }
 

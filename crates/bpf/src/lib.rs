@@ -9,6 +9,10 @@
 mod error;
 pub mod maglev;
 pub mod maps;
+/// aya's map traits, for callers holding the typed maps [`SockLb`] hands out.
+pub mod aya_maps {
+    pub use aya::maps::IterableMap;
+}
 mod pod;
 pub mod sock_lb;
 pub mod sys;

@@ -17,9 +17,20 @@ pub const AFFINITY_MAP: &str = "svcplane_affinity";
 pub const CONFIG_MAP: &str = "svcplane_config";
 pub const LIVE_MAP: &str = "svcplane_live";
 pub const UDP_FLOWS_MAP: &str = "svcplane_udp_flows";
+pub const COUNTERS_MAP: &str = "svcplane_counters";
+pub const PORT_NAMES_MAP: &str = "svcplane_port_names";
 /// Every map of the socket-level balancer.
-pub const SOCK_LB_MAPS: [&str; 7] =
-    [SERVICES_MAP, BACKENDS_MAP, REV_SOCK_MAP, AFFINITY_MAP, CONFIG_MAP, LIVE_MAP, UDP_FLOWS_MAP];
+pub const SOCK_LB_MAPS: [&str; 9] = [
+    SERVICES_MAP,
+    BACKENDS_MAP,
+    REV_SOCK_MAP,
+    AFFINITY_MAP,
+    CONFIG_MAP,
+    LIVE_MAP,
+    UDP_FLOWS_MAP,
+    COUNTERS_MAP,
+    PORT_NAMES_MAP,
+];
 
 /// IP protocol numbers as the programs see them.
 pub const PROTO_TCP: u8 = 6;
@@ -225,6 +236,39 @@ impl LiveKey {
     }
 }
 
+/// The name of a service port id (`svcplane_port_names`): `namespace/name:port`, NUL-padded.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PortName {
+    pub name: [u8; 124],
+    pub proto: u8,
+    pub pad: [u8; 3],
+}
+
+impl PortName {
+    /// `name` cut to 124 bytes (at a character boundary).
+    pub fn new(name: &str, proto: u8) -> Self {
+        let mut bytes = [0u8; 124];
+        let mut end = name.len().min(bytes.len());
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        bytes[..end].copy_from_slice(&name.as_bytes()[..end]);
+        Self { name: bytes, proto, pad: [0; 3] }
+    }
+
+    pub fn name(&self) -> String {
+        let end = self.name.iter().position(|b| *b == 0).unwrap_or(self.name.len());
+        String::from_utf8_lossy(&self.name[..end]).into_owned()
+    }
+}
+
+impl fmt::Debug for PortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.name(), protocol_name(self.proto))
+    }
+}
+
 /// Node-wide settings the programs read.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -244,6 +288,7 @@ const _: () = {
     assert!(size_of::<AffinityValue>() == 32);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<LiveKey>() == 24);
+    assert!(size_of::<PortName>() == 128);
 };
 
 #[cfg(test)]

@@ -35,3 +35,5 @@ unsafe impl aya::Pod for LiveKey {}
 unsafe impl aya::Pod for crate::tc::TcConfig {}
 // SAFETY: as above.
 unsafe impl aya::Pod for crate::tc::RangeData {}
+// SAFETY: as above.
+unsafe impl aya::Pod for crate::maps::PortName {}

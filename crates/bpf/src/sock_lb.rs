@@ -69,6 +69,8 @@ pub struct SockLb {
     pub reverse: HashMap<MapData, RevKey, RevValue>,
     /// Endpoints UDP flows may stay on (value unused, 1).
     pub live: HashMap<MapData, LiveKey, u32>,
+    /// The names of service port ids, for counter readers.
+    pub names: HashMap<MapData, u32, crate::maps::PortName>,
     /// The same three maps again, untyped, for batched writes ([`crate::sys::update_batch`]).
     pub batch: BatchMaps,
     pub sizes: MapSizes,
@@ -102,6 +104,7 @@ impl SockLb {
             .map_max_entries(REV_SOCK_MAP, sizes.reverse)
             // Serving endpoints per service port are about as many as backend slots.
             .map_max_entries(LIVE_MAP, sizes.backends)
+            .map_max_entries(crate::maps::COUNTERS_MAP, sizes.backends)
             .map_max_entries(UDP_FLOWS_MAP, sizes.reverse)
             .load(SOCK_LB_OBJECT)
             .map_err(|source| BpfError::Load { object: "sock_lb.o", source: Box::new(source) })?;
@@ -138,6 +141,7 @@ impl SockLb {
             affinity: typed(&mut ebpf, AFFINITY_MAP)?,
             reverse: typed(&mut ebpf, REV_SOCK_MAP)?,
             live: typed(&mut ebpf, LIVE_MAP)?,
+            names: typed(&mut ebpf, crate::maps::PORT_NAMES_MAP)?,
             sizes,
             adopted,
         })
@@ -224,6 +228,31 @@ pub fn open_pinned_services(bpf_root: &Path) -> Result<(ServicesMap, BackendsMap
         source: Box::new(source),
     })?;
     Ok((services, backends))
+}
+
+/// Every endpoint's connection counter under `bpf_root`, with its service port's name and
+/// protocol number (`None` for a port id without a name: written before its name, or left
+/// by a port just removed).
+pub fn read_counters(bpf_root: &Path) -> Result<Vec<(Option<crate::maps::PortName>, LiveKey, u64)>, BpfError> {
+    use crate::maps::{COUNTERS_MAP, PORT_NAMES_MAP, PortName};
+    let open = |name: &'static str| {
+        MapData::from_pin(bpf_root.join(name)).map_err(|source| BpfError::Map {
+            map: name,
+            what: format!("opening its pin in {} (is eBPF mode running with this --bpf-root?)", bpf_root.display()),
+            source: Box::new(source),
+        })
+    };
+    let typing =
+        |name: &'static str| move |source| BpfError::Map { map: name, what: "typing".into(), source: Box::new(source) };
+    let counters: HashMap<MapData, LiveKey, u64> =
+        HashMap::try_from(Map::HashMap(open(COUNTERS_MAP)?)).map_err(typing(COUNTERS_MAP))?;
+    let names: HashMap<MapData, u32, PortName> =
+        HashMap::try_from(Map::HashMap(open(PORT_NAMES_MAP)?)).map_err(typing(PORT_NAMES_MAP))?;
+    Ok(counters
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(key, count)| (names.get(&key.port_id, 0).ok(), key, count))
+        .collect())
 }
 
 /// The pins a running balancer needs that are not there (someone removed them).

@@ -849,6 +849,10 @@ fn echo_counters(cluster: &Cluster) -> Result<BTreeMap<(String, SocketAddr), u64
     let mut args: Vec<&str> = vec![env!("CARGO_BIN_EXE_svcplane"), "top", "--count", "1", "--output", "json"];
     args.extend(["--max-series", "100000"]);
     args.extend(cluster.backend().proxy_args.iter().copied());
+    let bpf_root = cluster.bpf_root(THIS_NODE).to_string_lossy().into_owned();
+    if cluster.backend().node_cgroups {
+        args.extend(["--bpf-root", &bpf_root]);
+    }
     let text =
         lab.exec_ok(lab.node(THIS_NODE).namespace_name(), &args).map_err(|error| format!("svcplane top: {error}"))?;
     let json: serde_json::Value =
