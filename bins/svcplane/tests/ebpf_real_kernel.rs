@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use scenarios::cluster::{Cluster, ECHO_SERVICE, POD_ON_THIS_NODE, THIS_NODE};
 use scenarios::manifests::CONVERSATION_PORT;
+use scenarios::manifests::UDP_MOVING_SERVICE;
 use scenarios::{NodePortAddresses, Protocol, Scenario, check_rows, eventually};
 
 fn check_table(rows: &[Scenario]) {
@@ -116,5 +117,42 @@ fn the_per_endpoint_counters_grow_by_exactly_the_connections_each_endpoint_answe
     }
     let cluster = Cluster::start(EBPF);
     scenarios::real::check_connection_counters(&cluster);
+    cluster.teardown();
+}
+
+#[test]
+fn a_connected_udp_socket_moves_to_a_live_endpoint_within_two_and_a_half_seconds() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_connected_udp_socket_moves_to_a_live_endpoint_within_two_and_a_half_seconds",
+    ) {
+        return;
+    }
+    let cluster = Cluster::start(EBPF);
+    let service = cluster.service(UDP_MOVING_SERVICE).expect("the moving Service");
+    let target = service.cluster_ip_address(false).expect("an IPv4 ClusterIP");
+    let pod = cluster.lab().pod(POD_ON_THIS_NODE).namespace_name().to_owned();
+    // One socket, connected once, kept across the change.
+    let socket = cluster
+        .lab()
+        .run_in(&pod, || {
+            let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("a UDP socket");
+            socket.connect(target).expect("connect");
+            socket.set_read_timeout(Some(Duration::from_millis(300))).expect("a timeout");
+            socket
+        })
+        .expect("the pod's namespace");
+    let ask = || -> Option<String> {
+        socket.send(b"svcplane-probe\n").ok()?;
+        let mut reply = [0u8; 512];
+        let n = socket.recv(&mut reply).ok()?;
+        Some(String::from_utf8_lossy(&reply[..n]).split_whitespace().next()?.to_owned())
+    };
+    let first = eventually(Duration::from_secs(5), ask).expect("an answer before the change").0;
+    assert_eq!(first, "node1-pod1", "the Service's only endpoint answers first");
+    let mutation = scenarios::manifests::mutation(UDP_MOVING_SERVICE).expect("the change");
+    let (file, text) = mutation.change();
+    cluster.write_file(&file, &text);
+    let moved = eventually(Duration::from_millis(2500), || ask().filter(|pod| pod == "node2-pod1"));
+    assert!(moved.is_some(), "the connected socket still went to {first} 2.5 s after it stopped serving");
     cluster.teardown();
 }

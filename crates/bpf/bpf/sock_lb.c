@@ -286,9 +286,26 @@ static __always_inline void reverse6(struct bpf_sock_addr *ctx)
 	ctx->user_port = service->port;
 }
 
+/* A pod's connected UDP socket to a frontend is not rewritten: its datagrams reach the node
+ * through the pod's veth, where the tc program translates them per flow and moves the flow
+ * when its endpoint stops serving (a socket connected to an endpoint would keep sending to
+ * it). Refusals still fail connect() at once. */
+static __always_inline int leave_to_tc(struct bpf_sock_addr *ctx, struct svc_key *key)
+{
+	if (key->proto != PROTO_UDP_NUMBER || key->scope != SCOPE_POD)
+		return 0;
+	struct svc_value *svc = bpf_map_lookup_elem(&svcplane_services, key);
+	return svc && !(svc->flags & SVC_F_REJECT);
+}
+
 SEC("cgroup/connect4")
 int svcplane_connect4(struct bpf_sock_addr *ctx)
 {
+	struct svc_key key = { .proto = (__u8)ctx->protocol };
+	key4(&key, ctx->user_ip4, (__u16)ctx->user_port);
+	key.scope = scope_of(ctx);
+	if (leave_to_tc(ctx, &key))
+		return 1;
 	return balance4(ctx);
 }
 
@@ -315,6 +332,11 @@ int svcplane_getpeername4(struct bpf_sock_addr *ctx)
 SEC("cgroup/connect6")
 int svcplane_connect6(struct bpf_sock_addr *ctx)
 {
+	struct svc_key key = { .proto = (__u8)ctx->protocol };
+	key6(&key, ctx);
+	key.scope = scope_of(ctx);
+	if (leave_to_tc(ctx, &key))
+		return 1;
 	return balance6(ctx);
 }
 
