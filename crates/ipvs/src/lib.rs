@@ -4,14 +4,18 @@
 //! It reads the kernel's current table ([`Ipvs::services`], [`Ipvs::destinations`]), works
 //! out the difference to a wanted table ([`diff`], pure), and applies it one request per
 //! change ([`Ipvs::apply`]), so a sync that changes one endpoint sends one message. It also
-//! sets the connection timeouts ([`Ipvs::set_timeouts`]).
+//! sets the connection timeouts ([`Ipvs::set_timeouts`]). [`DummyInterface`] keeps the
+//! virtual addresses on a dummy interface (kube-proxy's `kube-ipvs0`) with the `ip` program.
 //!
 //! It decides nothing and knows nothing of Services: which addresses, schedulers, weights
 //! and persistence to program is the caller's business (svcplane's core decides, the IPVS
 //! backend spells it). It does not touch fwmark services, forwarding methods other than
-//! masquerading (NAT), the `kube-ipvs0` interface, ipsets or iptables rules.
+//! masquerading (NAT), ipsets or iptables rules.
 
+mod interface;
 mod wire;
+
+pub use interface::DummyInterface;
 
 use std::collections::BTreeMap;
 use std::io;
