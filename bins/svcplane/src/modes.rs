@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use svcplane_backend_iptables::IptablesBackend;
+use svcplane_backend_ipvs::{IpvsBackend, IpvsConfig};
 use svcplane_backend_nftables::NftablesBackend;
 use svcplane_core::Dataplane;
 use svcplane_iptables::{IptablesCli, Variant, detect_variant};
@@ -23,7 +24,19 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
             Box::new(NftablesBackend::new(client))
         }
         Mode::Iptables => Box::new(IptablesBackend::new(IptablesCli::new(iptables_variant(args.iptables_backend)))),
+        Mode::Ipvs => Box::new(IpvsBackend::new(ipvs_config(args))),
     })
+}
+
+fn ipvs_config(args: &ProxyArgs) -> IpvsConfig {
+    IpvsConfig {
+        scheduler: args.ipvs_scheduler.clone(),
+        timeouts: svcplane_ipvs::Timeouts {
+            tcp: args.ipvs_tcp_timeout,
+            tcp_fin: args.ipvs_tcpfin_timeout,
+            udp: args.ipvs_udp_timeout,
+        },
+    }
 }
 
 /// Whether the mode's traffic goes through the kernel's conntrack (stale UDP flows then
@@ -31,6 +44,9 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
 pub fn uses_kernel_conntrack(mode: Mode) -> bool {
     match mode {
         Mode::Nftables | Mode::Iptables => true,
+        // IPVS keeps its own connection table; stale UDP entries there expire with
+        // --ipvs-udp-timeout (upstream also removes them; not done yet).
+        Mode::Ipvs => false,
     }
 }
 
@@ -58,9 +74,11 @@ pub fn every_mode() -> Vec<Box<dyn Dataplane>> {
 
 /// The dataplane `render` prints with: the same renderer, over nothing that touches the
 /// kernel.
-pub fn for_render(mode: Mode) -> Box<dyn Dataplane> {
-    match mode {
+pub fn for_render(args: &ProxyArgs) -> Box<dyn Dataplane> {
+    match args.mode {
         Mode::Nftables => Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new()))),
         Mode::Iptables => Box::new(IptablesBackend::new(svcplane_iptables::FakeIptables::new())),
+        // Renders without opening anything.
+        Mode::Ipvs => Box::new(IpvsBackend::new(ipvs_config(args))),
     }
 }

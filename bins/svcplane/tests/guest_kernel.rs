@@ -38,6 +38,13 @@ const IPTABLES_NFT: Backend = Backend {
     ruleset: &["sh", "-c", "iptables-nft-save && ip6tables-nft-save"],
 };
 
+const IPVS: Backend = Backend {
+    name: "ipvs",
+    proxy_args: &["--mode", "ipvs"],
+    diagnostics: &[&["ip", "addr", "show", "dev", "kube-ipvs0"], &["cat", "/proc/net/ip_vs"]],
+    ruleset: &["cat", "/proc/net/ip_vs"],
+};
+
 /// The host-side test that runs the guest-side ones.
 const HOST_TEST: &str = "the_guest_kernel_rows_pass_in_one_boot_of_the_guest";
 
@@ -46,6 +53,7 @@ const GUEST_TESTS: &[&str] = &[
     "sctp_rows_pass_in_the_guest_in_nftables_mode",
     "sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_legacy_backend",
     "sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend",
+    "ipvs_mode_passes_the_rows_that_need_no_iptables_rules_in_the_guest",
 ];
 
 /// How long the proxies get to program the fixture in the guest: their first full sync
@@ -84,6 +92,9 @@ const NODE_MODULES: &[&str] = &[
     "nft_reject_ipv4",
     "nft_reject_ipv6",
 ];
+
+/// What IPVS mode needs loaded: the kernel does not autoload `ip_vs` for generic netlink.
+const IPVS_MODULES: &[&str] = &["ip_vs", "ip_vs_rr"];
 
 /// Loads [`NODE_MODULES`] once per test process.
 fn load_node_modules() {
@@ -127,4 +138,43 @@ fn sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_legacy_backend() {
 #[ignore = "needs the guest kernel (scripts/in-guest)"]
 fn sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend() {
     sctp_rows_pass("sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend", IPTABLES_NFT);
+}
+
+/// IPVS mode has no iptables rules yet (docs/backend-ipvs.md), so only the rows whose
+/// traffic needs no masquerade, filtering or rejection apply: a pod on this node reaching a
+/// ClusterIP and keeping its own address. The other rows of the table are left out for that
+/// reason: traffic from the node itself or from outside (needs masquerade), hairpin
+/// (masquerade), no-endpoint rejection, source ranges and traffic-policy routes.
+fn ipvs_rows() -> Vec<scenarios::Scenario> {
+    scenarios::REACHABILITY
+        .iter()
+        .chain(scenarios::SCTP)
+        .filter(|row| {
+            row.from == scenarios::Sender::PodOnThisNode
+                && row.to == scenarios::Frontend::ClusterIp
+                && row.source == scenarios::SourceSeen::ClientAddress
+        })
+        .copied()
+        .collect()
+}
+
+#[test]
+#[ignore = "needs the guest kernel (scripts/in-guest)"]
+fn ipvs_mode_passes_the_rows_that_need_no_iptables_rules_in_the_guest() {
+    let test = "ipvs_mode_passes_the_rows_that_need_no_iptables_rules_in_the_guest";
+    if !guest::guest_only(test, HOST_TEST) || !svcplane_testbed::can_run_real_kernel_tests(test) {
+        return;
+    }
+    load_node_modules();
+    if let Err(error) = guest::load_modules(IPVS_MODULES) {
+        panic!("loading the IPVS modules in the guest: {error}");
+    }
+    let rows = ipvs_rows();
+    assert!(rows.iter().any(|row| row.protocol == Protocol::Sctp), "an SCTP row is among them");
+    let cluster = Cluster::builder(IPVS)
+        .line_servers(Protocol::Sctp, ECHO_PORT, ALL_ECHO_PODS)
+        .programmed_within(PROGRAMMED_IN_GUEST_WITHIN)
+        .start();
+    check_rows(&cluster, &rows);
+    cluster.teardown();
 }
