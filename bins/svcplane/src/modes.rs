@@ -24,7 +24,9 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
             Box::new(NftablesBackend::new(client))
         }
         Mode::Iptables => Box::new(IptablesBackend::new(IptablesCli::new(iptables_variant(args.iptables_backend)))),
-        Mode::Ipvs => Box::new(IpvsBackend::new(ipvs_config(args))),
+        Mode::Ipvs => {
+            Box::new(IpvsBackend::new(ipvs_config(args), IptablesCli::new(iptables_variant(args.iptables_backend))))
+        }
     })
 }
 
@@ -79,6 +81,6 @@ pub fn for_render(args: &ProxyArgs) -> Box<dyn Dataplane> {
         Mode::Nftables => Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new()))),
         Mode::Iptables => Box::new(IptablesBackend::new(svcplane_iptables::FakeIptables::new())),
         // Renders without opening anything.
-        Mode::Ipvs => Box::new(IpvsBackend::new(ipvs_config(args))),
+        Mode::Ipvs => Box::new(IpvsBackend::for_render(ipvs_config(args))),
     }
 }

@@ -8,12 +8,18 @@
 //! the scheduler (`--ipvs-scheduler`, `rr` by default) and the connection timeouts. A sync
 //! reads the kernel's IPVS table and sends only the difference.
 //!
-//! What it does not do yet: the iptables + ipset rules upstream puts beside IPVS
-//! (masquerade of traffic from outside the cluster CIDR and of hairpin traffic,
-//! `loadBalancerSourceRanges`, rejection when a Service has no endpoints, the source-
-//! specific routes of `externalTrafficPolicy: Local` for traffic from the node or the pod
-//! network), graceful termination (draining at weight 0), `--ipvs-exclude-cidrs` and strict
-//! ARP. Frontends whose plan needs those are programmed with their catch-all route only.
+//! Beside IPVS, iptables rules in the nat table ([`rules`], upstream's chain names) mark
+//! what the plan's routes say to masquerade and masquerade it after IPVS (with
+//! `net.ipv4.vs.conntrack=1`); each route's sources are matched there, while IPVS sends
+//! every source to the catch-all route's endpoint set.
+//!
+//! What it does not do yet: upstream's ipsets (rules match each frontend directly),
+//! hairpin masquerade (a pod reaching itself), `loadBalancerSourceRanges`, rejection when a
+//! Service has no endpoints, different endpoint sets per source (`externalTrafficPolicy:
+//! Local` sends every source to the catch-all set), graceful termination (draining at
+//! weight 0), `--ipvs-exclude-cidrs` and strict ARP.
+
+pub mod rules;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -23,6 +29,7 @@ use svcplane_core::{
     Dataplane, DataplaneError, Destination as PlanDestination, IpFamily, NodePlan, PlanDiff, ServicePortPlan,
     SourceMatch, SyncReport,
 };
+use svcplane_iptables::{Iptables, IptablesCli, RestoreTable, Table};
 use svcplane_ipvs::{Destination, DummyInterface, Ipvs, IpvsError, Service, ServiceEntry, ServiceKey, Timeouts, diff};
 
 /// The interface holding every Service address, as upstream names it.
@@ -117,6 +124,9 @@ fn node_port_addresses(plan: &NodePlan, family: IpFamily) -> Vec<IpAddr> {
 #[derive(Debug)]
 pub struct IpvsBackend {
     config: IpvsConfig,
+    /// Writes the nat rules beside IPVS; `None` only renders.
+    iptables: Option<IptablesCli>,
+    conntrack_enabled: bool,
     ipvs: Option<Ipvs>,
     interface: DummyInterface,
     /// Virtual services this process programmed: a sync deletes those no longer wanted.
@@ -125,9 +135,17 @@ pub struct IpvsBackend {
 }
 
 impl IpvsBackend {
-    pub fn new(config: IpvsConfig) -> Self {
+    /// IPVS mode writing its nat rules with `iptables`.
+    pub fn new(config: IpvsConfig, iptables: IptablesCli) -> Self {
+        IpvsBackend { iptables: Some(iptables), ..Self::for_render(config) }
+    }
+
+    /// IPVS mode that can only render (no iptables programs needed).
+    pub fn for_render(config: IpvsConfig) -> Self {
         IpvsBackend {
             config,
+            iptables: None,
+            conntrack_enabled: false,
             ipvs: None,
             interface: DummyInterface::new(INTERFACE),
             programmed: BTreeSet::new(),
@@ -140,6 +158,70 @@ impl IpvsBackend {
             self.ipvs = Some(Ipvs::new()?);
         }
         Ok(self.ipvs.as_mut().expect("opened above"))
+    }
+
+    /// Writes the nat rules of both families and hooks them in where missing.
+    fn sync_rules(&mut self, plan: &NodePlan) -> Result<usize, DataplaneError> {
+        let Some(iptables) = self.iptables.as_mut() else {
+            return Ok(0);
+        };
+        if !self.conntrack_enabled {
+            // IPVS connections must be tracked for MASQUERADE to see them (per namespace).
+            std::fs::write("/proc/sys/net/ipv4/vs/conntrack", "1")
+                .map_err(|error| format!("setting sysctl net.ipv4.vs.conntrack to 1: {error}"))?;
+            self.conntrack_enabled = true;
+        }
+        let mut operations = 0;
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let fam = rules::family_of(family);
+            let mut table = rules::nat_table(plan, family, &node_port_addresses(plan, family));
+            for (builtin, chain) in rules::HOOKS {
+                let listing = iptables.list_chain(fam, Table::Nat, builtin)?.unwrap_or_default();
+                let hook = format!("-A {builtin} -j {chain}");
+                if !listing.lines().any(|line| line.trim() == hook) {
+                    table.insert(*builtin, 1, rules::hook_rule(chain));
+                }
+            }
+            operations += table.commands.len();
+            iptables.restore(fam, &table)?;
+        }
+        Ok(operations)
+    }
+
+    /// Removes the hooks and chains [`Self::sync_rules`] writes.
+    fn cleanup_rules(&mut self) -> Result<bool, DataplaneError> {
+        let Some(iptables) = self.iptables.as_mut() else {
+            return Ok(false);
+        };
+        let mut removed = false;
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let fam = rules::family_of(family);
+            let mut table = RestoreTable::new(Table::Nat);
+            for (builtin, chain) in rules::HOOKS {
+                let listing = iptables.list_chain(fam, Table::Nat, builtin)?.unwrap_or_default();
+                let hook = format!("-A {builtin} -j {chain}");
+                for _ in listing.lines().filter(|line| line.trim() == hook) {
+                    table.delete(*builtin, rules::hook_rule(chain));
+                }
+            }
+            let mut chains = Vec::new();
+            for chain in [rules::SERVICES, rules::MARK_MASQ, rules::POSTROUTING] {
+                if iptables.list_chain(fam, Table::Nat, chain)?.is_some() {
+                    chains.push(chain);
+                }
+            }
+            for chain in &chains {
+                table.declare(*chain);
+            }
+            for chain in &chains {
+                table.delete_chain(*chain);
+            }
+            if !table.is_empty() {
+                removed = true;
+                iptables.restore(fam, &table)?;
+            }
+        }
+        Ok(removed)
     }
 }
 
@@ -168,14 +250,16 @@ impl Dataplane for IpvsBackend {
             .filter(|entry| ours.contains(&entry.service.key.address) || programmed.contains(&entry.service.key))
             .collect();
         let changes = diff(&current, &spelling.services);
-        // Addresses first, so a new ClusterIP is local before its service exists.
+        // Addresses first, so a new ClusterIP is local before its service exists; the
+        // masquerade rules before the services that need them.
         let address_operations = self.interface.sync(&spelling.addresses)?;
+        let rule_operations = self.sync_rules(plan)?;
         self.ipvs()?.apply(&changes)?;
         self.programmed = spelling.services.iter().map(|entry| entry.service.key).collect();
         Ok(SyncReport {
             full: true,
             service_ports: plan.service_ports.len(),
-            operations: changes.len() + address_operations,
+            operations: changes.len() + address_operations + rule_operations,
         })
     }
 
@@ -232,6 +316,7 @@ impl Dataplane for IpvsBackend {
             Err(error) => return Err(error.into()),
         }
         removed |= self.interface.delete()?;
+        removed |= self.cleanup_rules()?;
         self.programmed.clear();
         Ok(removed)
     }
@@ -313,7 +398,7 @@ mod tests {
 
     #[test]
     fn render_lists_addresses_services_and_real_servers() {
-        let text = IpvsBackend::new(IpvsConfig::default()).render(&plan(ServiceType::ClusterIp, false)).unwrap();
+        let text = IpvsBackend::for_render(IpvsConfig::default()).render(&plan(ServiceType::ClusterIp, false)).unwrap();
         assert_eq!(
             text,
             "kube-ipvs0 198.19.0.10\nsctp 198.19.0.10:80 rr\n  -> 198.18.128.2:8080 Masq 1\n  -> 198.18.129.2:8080 Masq 1\n"
