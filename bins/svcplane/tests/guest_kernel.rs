@@ -147,17 +147,11 @@ fn sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend() {
 
 /// The rows IPVS mode runs: the reachability and SCTP tables (ClusterIP and NodePort from
 /// pods on both nodes, the node itself and an external client, TCP, UDP and SCTP, both
-/// families), except the hairpin rows (a pod reaching itself must be masqueraded: upstream's
-/// `KUBE-LOOP-BACK`, not written yet). The other tables are not run in ipvs mode yet: no
+/// families), hairpin included. The other tables are not run in ipvs mode yet: no
 /// endpoints (rejection), traffic policy, load balancers (source ranges), external IPs,
 /// health checks, terminating and topology need what docs/backend-ipvs.md lists as missing.
 fn ipvs_rows() -> Vec<scenarios::Scenario> {
-    scenarios::REACHABILITY
-        .iter()
-        .chain(scenarios::SCTP)
-        .filter(|row| row.from != scenarios::Sender::EndpointPodOnThisNode)
-        .copied()
-        .collect()
+    scenarios::REACHABILITY.iter().chain(scenarios::SCTP).copied().collect()
 }
 
 #[test]

@@ -38,6 +38,25 @@ pub fn nat_table(plan: &NodePlan, family: IpFamily, node_port_addresses: &[IpAdd
         table.declare(chain);
     }
     table.append(MARK_MASQ, Rule::new().target(Target::Mark(MarkOp::Or(MASQ_MARK))));
+    // Hairpin (upstream's KUBE-LOOP-BACK set): a pod that IPVS sent to itself is
+    // masqueraded, or its reply would bypass the node. After IPVS, the packet's source and
+    // destination are that endpoint.
+    for port in plan.service_ports.values().filter(|port| port.family == family && port.masquerade_hairpin) {
+        let endpoints: std::collections::BTreeSet<_> =
+            port.cluster_endpoints.iter().chain(&port.local_endpoints).copied().collect();
+        for endpoint in endpoints {
+            table.append(
+                POSTROUTING,
+                Rule::new()
+                    .comment(format!("{} hairpin", port.name))
+                    .protocol(port.protocol)
+                    .source(endpoint.ip())
+                    .destination(endpoint.ip())
+                    .destination_port(endpoint.port())
+                    .target(Target::Masquerade { random_fully: false }),
+            );
+        }
+    }
     table.append(
         POSTROUTING,
         Rule::new().matching(Match::Mark { negate: true, value: MASQ_MARK, mask: MASQ_MARK }).target(Target::Return),
@@ -81,4 +100,68 @@ pub fn nat_table(plan: &NodePlan, family: IpFamily, node_port_addresses: &[IpAdd
 /// A hook rule: `-j CHAIN`.
 pub fn hook_rule(chain: &str) -> Rule {
     Rule::new().jump(chain)
+}
+
+#[cfg(test)]
+mod tests {
+    use svcplane_core::{
+        Change, ClusterState, Endpoint, EndpointPort, EndpointSlice, NamespacedName, NodeConfig, NodePortAddresses,
+        Protocol, Service, ServicePort, ServiceType,
+    };
+
+    use super::*;
+
+    fn plan() -> NodePlan {
+        let mut service = Service::cluster_ip(
+            NamespacedName::new("default", "web"),
+            vec!["198.19.0.10".parse().unwrap()],
+            vec![ServicePort { name: "http".into(), protocol: Protocol::Tcp, port: 80, node_port: Some(30080) }],
+        );
+        service.service_type = ServiceType::NodePort;
+        let slice = EndpointSlice {
+            name: NamespacedName::new("default", "web-abc"),
+            service: NamespacedName::new("default", "web"),
+            family: IpFamily::V4,
+            ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
+            endpoints: vec![Endpoint::ready("198.18.128.2".parse().unwrap(), Some("node1"))],
+        };
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(service));
+        state.apply(Change::SliceUpserted(slice));
+        NodePlan::build(
+            &state,
+            NodeConfig {
+                node_name: "node1".into(),
+                node_ips: vec!["198.18.0.11".parse().unwrap()],
+                cluster_cidrs: vec!["198.18.128.0/17".parse().unwrap()],
+                node_port_addresses: NodePortAddresses::AllLocal,
+            },
+        )
+    }
+
+    #[test]
+    fn masquerade_routes_mark_and_marked_or_hairpin_packets_are_masqueraded() {
+        let node_ip: IpAddr = "198.18.0.11".parse().unwrap();
+        let text = nat_table(&plan(), IpFamily::V4, &[node_ip]).render();
+        for expected in [
+            ":KUBE-SERVICES - [0:0]",
+            "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000",
+            "-s 198.18.128.2 -d 198.18.128.2 --dport 8080 -j MASQUERADE",
+            "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN",
+            "-d 198.19.0.10 --dport 80 ! -s 198.18.128.0/17 -j KUBE-MARK-MASQ",
+            "-d 198.19.0.10 --dport 80 -j RETURN",
+            "-d 198.18.0.11 --dport 30080 -j KUBE-MARK-MASQ",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+        }
+        let hairpin = text.find("-j MASQUERADE\n").unwrap();
+        let mark_return = text.find("-j RETURN").unwrap();
+        assert!(hairpin < mark_return, "hairpin masquerade comes before the mark test:\n{text}");
+    }
+
+    #[test]
+    fn an_ipv6_table_has_no_ipv4_frontends() {
+        let text = nat_table(&plan(), IpFamily::V6, &[]).render();
+        assert!(!text.contains("198.19.0.10"), "{text}");
+    }
 }
