@@ -58,7 +58,7 @@ const GUEST_TESTS: &[&str] = &[
     "sctp_rows_pass_in_the_guest_in_nftables_mode",
     "sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_legacy_backend",
     "sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend",
-    "ipvs_mode_passes_the_reachability_and_sctp_rows_in_the_guest",
+    "ipvs_mode_passes_the_static_scenario_tables_in_the_guest_but_the_rows_listed_as_not_yet",
 ];
 
 /// How long the proxies get to program the fixture in the guest: their first full sync
@@ -145,19 +145,93 @@ fn sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend() {
     sctp_rows_pass("sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend", IPTABLES_NFT);
 }
 
-/// The rows IPVS mode runs: the reachability and SCTP tables (ClusterIP and NodePort from
-/// pods on both nodes, the node itself and an external client, TCP, UDP and SCTP, both
-/// families), hairpin included. The other tables are not run in ipvs mode yet: no
-/// endpoints (rejection), traffic policy, load balancers (source ranges), external IPs,
-/// health checks, terminating and topology need what docs/backend-ipvs.md lists as missing.
+/// Rows of the scenario table that IPVS mode does not pass yet, with the reason: each needs
+/// something docs/backend-ipvs.md lists as not done.
+const IPVS_NOT_YET: &[(&str, &str)] = &[
+    (
+        "by default a NodePort answers on every other node address too",
+        "NodePorts are IPVS services on the --node-ip addresses only, not every local address",
+    ),
+    (
+        "external client outside loadBalancerSourceRanges to the load-balancer IP over TCP is dropped",
+        "loadBalancerSourceRanges are not spelled (upstream's KUBE-LOAD-BALANCER-SOURCE-* sets)",
+    ),
+    (
+        "external client outside loadBalancerSourceRanges to the load-balancer IP over UDP is dropped",
+        "loadBalancerSourceRanges are not spelled (upstream's KUBE-LOAD-BALANCER-SOURCE-* sets)",
+    ),
+    (
+        "external client to the ClusterIP of a Service without endpoints routed via this node over TCP is refused at once",
+        "no rejection rules for Services without endpoints yet (IPv6 is refused only after ~1 s)",
+    ),
+    (
+        "external client to the NodePort of a Service without endpoints over TCP is refused at once",
+        "no rejection rules for Services without endpoints yet (IPv6 is refused only after ~1 s)",
+    ),
+    (
+        "pod on this node to the ClusterIP of a Service without endpoints over TCP is refused at once",
+        "no rejection rules for Services without endpoints yet (IPv6 is refused only after ~1 s)",
+    ),
+    (
+        "pod on this node to the NodePort of a Service without endpoints is refused at once",
+        "no rejection rules for Services without endpoints yet (IPv6 is refused only after ~1 s)",
+    ),
+    (
+        "the node itself to the ClusterIP of a Service without endpoints over TCP is refused at once",
+        "no rejection rules for Services without endpoints yet (IPv6 is refused only after ~1 s)",
+    ),
+    (
+        "pod on this node to a Service whose endpoints are terminating and no longer serving is refused",
+        "no rejection rules for Services without endpoints yet (IPv6 is refused only after ~1 s)",
+    ),
+    (
+        "pod on this node to an internalTrafficPolicy Local ClusterIP with endpoints only on the other node is dropped",
+        "unrouted traffic is refused by IPVS (an empty virtual service), not dropped as the plan says",
+    ),
+    (
+        "the node itself to an internalTrafficPolicy Local ClusterIP with endpoints only on the other node is dropped",
+        "unrouted traffic is refused by IPVS (an empty virtual service), not dropped as the plan says",
+    ),
+    (
+        "pod on this node to an external IP of an externalTrafficPolicy Local Service reaches every endpoint and keeps its own address",
+        "one endpoint set per virtual service: IPVS sends every source to the local set",
+    ),
+    (
+        "pod on this node to an externalTrafficPolicy Local load-balancer IP reaches every endpoint and keeps its own address",
+        "one endpoint set per virtual service: IPVS sends every source to the local set",
+    ),
+    (
+        "the node itself to an externalTrafficPolicy Local load-balancer IP reaches every endpoint",
+        "one endpoint set per virtual service: IPVS sends every source to the local set",
+    ),
+];
+
+/// The rows IPVS mode runs: every static table of the scenario runner (reachability, no
+/// endpoints, traffic policy, load balancers, external IPs, health checks, terminating,
+/// topology, ignored Services, SCTP, default NodePort addresses) except [`IPVS_NOT_YET`],
+/// whose names and reasons are printed. The endpoint-change, affinity and NodePort-address
+/// configuration tables are not run in ipvs mode yet.
 fn ipvs_rows() -> Vec<scenarios::Scenario> {
-    scenarios::REACHABILITY.iter().chain(scenarios::SCTP).copied().collect()
+    for (name, reason) in IPVS_NOT_YET {
+        eprintln!("not run in ipvs mode: {name}: {reason}");
+    }
+    let rows: Vec<scenarios::Scenario> = scenarios::STATIC_TABLES
+        .iter()
+        .flat_map(|(_, rows)| rows.iter())
+        .filter(|row| !IPVS_NOT_YET.iter().any(|(name, _)| *name == row.name))
+        .copied()
+        .collect();
+    let known = |name: &str| scenarios::STATIC_TABLES.iter().any(|(_, rows)| rows.iter().any(|row| row.name == name));
+    for (name, _) in IPVS_NOT_YET {
+        assert!(known(name), "IPVS_NOT_YET names a row the table does not have: {name}");
+    }
+    rows
 }
 
 #[test]
 #[ignore = "needs the guest kernel (scripts/in-guest)"]
-fn ipvs_mode_passes_the_reachability_and_sctp_rows_in_the_guest() {
-    let test = "ipvs_mode_passes_the_reachability_and_sctp_rows_in_the_guest";
+fn ipvs_mode_passes_the_static_scenario_tables_in_the_guest_but_the_rows_listed_as_not_yet() {
+    let test = "ipvs_mode_passes_the_static_scenario_tables_in_the_guest_but_the_rows_listed_as_not_yet";
     if !guest::guest_only(test, HOST_TEST) || !svcplane_testbed::can_run_real_kernel_tests(test) {
         return;
     }
