@@ -149,10 +149,6 @@ fn sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend() {
 /// something docs/backend-ipvs.md lists as not done.
 const IPVS_NOT_YET: &[(&str, &str)] = &[
     (
-        "by default a NodePort answers on every other node address too",
-        "NodePorts are IPVS services on the --node-ip addresses only, not every local address",
-    ),
-    (
         "external client outside loadBalancerSourceRanges to the load-balancer IP over TCP is dropped",
         "loadBalancerSourceRanges are not spelled (upstream's KUBE-LOAD-BALANCER-SOURCE-* sets)",
     ),

@@ -61,8 +61,9 @@ pub struct Spelling {
     pub addresses: BTreeSet<IpAddr>,
 }
 
-/// Spells `plan` with `scheduler` for every virtual service.
-pub fn spell(plan: &NodePlan, scheduler: &str) -> Spelling {
+/// Spells `plan` with `scheduler` for every virtual service. NodePorts answer on those of
+/// `node_addresses` (the node's local addresses, or `--node-ip`s) the plan admits.
+pub fn spell(plan: &NodePlan, scheduler: &str, node_addresses: &[IpAddr]) -> Spelling {
     let mut services: BTreeMap<ServiceKey, ServiceEntry> = BTreeMap::new();
     let mut addresses = BTreeSet::new();
     for port in plan.service_ports.values() {
@@ -72,7 +73,7 @@ pub fn spell(plan: &NodePlan, scheduler: &str) -> Spelling {
                     addresses.insert(address);
                     vec![address]
                 }
-                PlanDestination::NodePortAddresses => node_port_addresses(plan, port.family),
+                PlanDestination::NodePortAddresses => node_port_addresses(plan, port.family, node_addresses),
             };
             let endpoints = catch_all_endpoints(port, &frontend.routes);
             for address in frontend_addresses {
@@ -106,12 +107,11 @@ fn catch_all_endpoints<'a>(port: &'a ServicePortPlan, routes: &[svcplane_core::R
     route.map_or(&[], |route| port.endpoints(route.endpoints))
 }
 
-/// The node's addresses of `family` where NodePorts answer, as the plan says.
-fn node_port_addresses(plan: &NodePlan, family: IpFamily) -> Vec<IpAddr> {
+/// Those of `node_addresses` of `family` where NodePorts answer, as the plan says.
+fn node_port_addresses(plan: &NodePlan, family: IpFamily, node_addresses: &[IpAddr]) -> Vec<IpAddr> {
     let cidrs = plan.node_port_cidrs.get(&family).map(Vec::as_slice).unwrap_or_default();
     let excluded = plan.node_port_exclusions.get(&family).map(Vec::as_slice).unwrap_or_default();
-    plan.config
-        .node_ips
+    node_addresses
         .iter()
         .copied()
         .filter(|address| IpFamily::of(address) == family)
@@ -161,7 +161,7 @@ impl IpvsBackend {
     }
 
     /// Writes the nat rules of both families and hooks them in where missing.
-    fn sync_rules(&mut self, plan: &NodePlan) -> Result<usize, DataplaneError> {
+    fn sync_rules(&mut self, plan: &NodePlan, node_addresses: &[IpAddr]) -> Result<usize, DataplaneError> {
         let Some(iptables) = self.iptables.as_mut() else {
             return Ok(0);
         };
@@ -174,7 +174,7 @@ impl IpvsBackend {
         let mut operations = 0;
         for family in [IpFamily::V4, IpFamily::V6] {
             let fam = rules::family_of(family);
-            let mut table = rules::nat_table(plan, family, &node_port_addresses(plan, family));
+            let mut table = rules::nat_table(plan, family, &node_port_addresses(plan, family, node_addresses));
             for (builtin, chain) in rules::HOOKS {
                 let listing = iptables.list_chain(fam, Table::Nat, builtin)?.unwrap_or_default();
                 let hook = format!("-A {builtin} -j {chain}");
@@ -231,7 +231,12 @@ impl Dataplane for IpvsBackend {
     }
 
     fn sync(&mut self, plan: &NodePlan, _diff: &PlanDiff) -> Result<SyncReport, DataplaneError> {
-        let spelling = spell(plan, &self.config.scheduler);
+        // NodePorts answer on the node's addresses as the kernel has them now, as upstream
+        // (every address but kube-ipvs0's), filtered by the plan.
+        let mut node_addresses = svcplane_ipvs::local_addresses(INTERFACE)?;
+        node_addresses.extend(plan.config.node_ips.iter().copied());
+        let node_addresses: Vec<IpAddr> = node_addresses.into_iter().collect();
+        let spelling = spell(plan, &self.config.scheduler, &node_addresses);
         let timeouts = self.config.timeouts;
         if !self.timeouts_set && timeouts != Timeouts::default() {
             self.ipvs()?.set_timeouts(timeouts)?;
@@ -241,7 +246,7 @@ impl Dataplane for IpvsBackend {
         // node's own addresses (NodePorts) - the services upstream would own too.
         let mut ours: BTreeSet<IpAddr> = self.interface.addresses()?;
         ours.extend(spelling.addresses.iter().copied());
-        ours.extend(plan.config.node_ips.iter().copied());
+        ours.extend(node_addresses.iter().copied());
         let programmed = self.programmed.clone();
         let current: Vec<ServiceEntry> = self
             .ipvs()?
@@ -253,7 +258,7 @@ impl Dataplane for IpvsBackend {
         // Addresses first, so a new ClusterIP is local before its service exists; the
         // masquerade rules before the services that need them.
         let address_operations = self.interface.sync(&spelling.addresses)?;
-        let rule_operations = self.sync_rules(plan)?;
+        let rule_operations = self.sync_rules(plan, &node_addresses)?;
         self.ipvs()?.apply(&changes)?;
         self.programmed = spelling.services.iter().map(|entry| entry.service.key).collect();
         Ok(SyncReport {
@@ -270,7 +275,8 @@ impl Dataplane for IpvsBackend {
     }
 
     fn render(&self, plan: &NodePlan) -> Result<String, DataplaneError> {
-        let spelling = spell(plan, &self.config.scheduler);
+        // Touching nothing: NodePorts shown on the `--node-ip`s.
+        let spelling = spell(plan, &self.config.scheduler, &plan.config.node_ips);
         let mut text = String::new();
         for address in &spelling.addresses {
             let _ = writeln!(text, "{INTERFACE} {address}");
@@ -369,7 +375,7 @@ mod tests {
 
     #[test]
     fn a_cluster_ip_is_one_virtual_service_on_kube_ipvs0_with_every_endpoint() {
-        let spelling = spell(&plan(ServiceType::ClusterIp, false), "rr");
+        let spelling = spell(&plan(ServiceType::ClusterIp, false), "rr", &[]);
         assert_eq!(spelling.addresses, BTreeSet::from(["198.19.0.10".parse().unwrap()]));
         assert_eq!(spelling.services.len(), 1);
         let entry = &spelling.services[0];
@@ -383,7 +389,7 @@ mod tests {
 
     #[test]
     fn a_node_port_is_a_virtual_service_on_each_node_address_not_on_kube_ipvs0() {
-        let spelling = spell(&plan(ServiceType::NodePort, false), "lc");
+        let spelling = spell(&plan(ServiceType::NodePort, false), "lc", &["198.18.0.11".parse().unwrap()]);
         let keys: Vec<String> =
             spelling.services.iter().map(|e| format!("{} {}", e.service.key, e.service.scheduler)).collect();
         assert_eq!(keys, vec!["sctp 198.18.0.11:30080 lc", "sctp 198.19.0.10:80 lc"]);
@@ -392,7 +398,7 @@ mod tests {
 
     #[test]
     fn client_ip_affinity_is_persistence_with_the_services_timeout() {
-        let spelling = spell(&plan(ServiceType::ClusterIp, true), "rr");
+        let spelling = spell(&plan(ServiceType::ClusterIp, true), "rr", &[]);
         assert_eq!(spelling.services[0].service.persistence_seconds, 600);
     }
 

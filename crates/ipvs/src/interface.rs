@@ -106,6 +106,25 @@ impl DummyInterface {
     }
 }
 
+/// The node's own addresses: every address of every interface but `except` (the dummy
+/// interface, whose addresses are Services'), without link-local ones.
+pub fn local_addresses(except: &str) -> Result<BTreeSet<IpAddr>, IpvsError> {
+    let output = Command::new("ip").args(["-o", "addr", "show"]).output().map_err(|source| IpvsError::Request {
+        operation: "listing",
+        object: "the node's addresses".to_owned(),
+        source,
+    })?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let lines = text.lines().filter(|line| line.split_whitespace().nth(1) != Some(except));
+    Ok(parse_addresses(&lines.collect::<Vec<_>>().join("\n"))
+        .into_iter()
+        .filter(|address| match address {
+            IpAddr::V4(v4) => !v4.is_link_local(),
+            IpAddr::V6(v6) => !v6.is_unicast_link_local(),
+        })
+        .collect())
+}
+
 fn host_prefix(address: IpAddr) -> String {
     match address {
         IpAddr::V4(v4) => format!("{v4}/32"),

@@ -15,7 +15,7 @@
 mod interface;
 mod wire;
 
-pub use interface::DummyInterface;
+pub use interface::{DummyInterface, local_addresses};
 
 use std::collections::BTreeMap;
 use std::io;
