@@ -50,6 +50,9 @@ pub enum Mode {
     Iptables,
     /// BPF programs: Services balanced at connect() / sendmsg() for the node's cgroup tree.
     Ebpf,
+    /// IPVS virtual services over generic netlink, Service addresses on `kube-ipvs0`
+    /// (needs the `ip_vs` module; no iptables/ipset rules yet, see docs/backend-ipvs.md).
+    Ipvs,
 }
 
 /// Which iptables variant iptables mode writes with.
@@ -141,6 +144,18 @@ pub struct ProxyArgs {
     /// The iptables variant of `--mode iptables`.
     #[arg(long, value_enum, default_value = "auto")]
     pub iptables_backend: IptablesBackend,
+    /// The IPVS scheduler of every virtual service in `--mode ipvs`.
+    #[arg(long, default_value = "rr", value_parser = clap::builder::PossibleValuesParser::new(svcplane_backend_ipvs::SCHEDULERS))]
+    pub ipvs_scheduler: String,
+    /// IPVS idle timeout of TCP connections, in seconds (0: leave the kernel's).
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    pub ipvs_tcp_timeout: u32,
+    /// IPVS timeout of TCP connections after a FIN, in seconds (0: leave the kernel's).
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    pub ipvs_tcpfin_timeout: u32,
+    /// IPVS timeout of UDP flows, in seconds (0: leave the kernel's).
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    pub ipvs_udp_timeout: u32,
     #[command(flatten)]
     pub ebpf: EbpfArgs,
 }

@@ -201,6 +201,7 @@ fn mode_name(mode: Mode) -> &'static str {
         Mode::Nftables => "nftables",
         Mode::Iptables => "iptables",
         Mode::Ebpf => "ebpf",
+        Mode::Ipvs => "ipvs",
     }
 }
 

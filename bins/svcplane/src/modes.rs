@@ -4,6 +4,7 @@
 use anyhow::Context;
 use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions};
 use svcplane_backend_iptables::IptablesBackend;
+use svcplane_backend_ipvs::{IpvsBackend, IpvsConfig};
 use svcplane_backend_nftables::NftablesBackend;
 use svcplane_core::Dataplane;
 use svcplane_iptables::{IptablesCli, Variant, detect_variant};
@@ -25,6 +26,9 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
         }
         Mode::Iptables => Box::new(IptablesBackend::new(IptablesCli::new(iptables_variant(args.iptables_backend)))),
         Mode::Ebpf => Box::new(EbpfBackend::new(ebpf_options(&args.ebpf))),
+        Mode::Ipvs => {
+            Box::new(IpvsBackend::new(ipvs_config(args), IptablesCli::new(iptables_variant(args.iptables_backend))))
+        }
     })
 }
 
@@ -42,6 +46,17 @@ fn ebpf_options(args: &EbpfArgs) -> EbpfOptions {
     }
 }
 
+fn ipvs_config(args: &ProxyArgs) -> IpvsConfig {
+    IpvsConfig {
+        scheduler: args.ipvs_scheduler.clone(),
+        timeouts: svcplane_ipvs::Timeouts {
+            tcp: args.ipvs_tcp_timeout,
+            tcp_fin: args.ipvs_tcpfin_timeout,
+            udp: args.ipvs_udp_timeout,
+        },
+    }
+}
+
 /// Whether the mode's traffic goes through the kernel's conntrack (stale UDP flows then
 /// need removing after endpoint changes).
 pub fn uses_kernel_conntrack(mode: Mode) -> bool {
@@ -49,6 +64,9 @@ pub fn uses_kernel_conntrack(mode: Mode) -> bool {
         Mode::Nftables | Mode::Iptables => true,
         // Socket-level balancing makes no conntrack entry for the Service hop.
         Mode::Ebpf => false,
+        // IPVS keeps its own connection table; stale UDP entries there expire with
+        // --ipvs-udp-timeout (upstream also removes them; not done yet).
+        Mode::Ipvs => false,
     }
 }
 
@@ -77,11 +95,13 @@ pub fn every_mode(args: &CleanupArgs) -> Vec<Box<dyn Dataplane>> {
 
 /// The dataplane `render` prints with: the same renderer, over nothing that touches the
 /// kernel.
-pub fn for_render(mode: Mode) -> Box<dyn Dataplane> {
-    match mode {
+pub fn for_render(args: &ProxyArgs) -> Box<dyn Dataplane> {
+    match args.mode {
         Mode::Nftables => Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new()))),
         Mode::Iptables => Box::new(IptablesBackend::new(svcplane_iptables::FakeIptables::new())),
         Mode::Ebpf => Box::new(EbpfBackend::new(EbpfOptions::default())),
+        // Renders without opening anything.
+        Mode::Ipvs => Box::new(IpvsBackend::for_render(ipvs_config(args))),
     }
 }
 
@@ -94,5 +114,7 @@ pub fn for_counters(mode: Mode, iptables_backend: IptablesVariant, bpf_root: &st
         Mode::Ebpf => {
             Box::new(EbpfBackend::new(EbpfOptions { bpf_root: bpf_root.to_owned(), ..EbpfOptions::default() }))
         }
+        // IPVS mode keeps no counters yet: `top` says so.
+        Mode::Ipvs => Box::new(IpvsBackend::for_render(IpvsConfig::default())),
     }
 }

@@ -76,7 +76,7 @@ pub fn render(args: &ProxyArgs) -> anyhow::Result<()> {
         state.apply(change);
     }
     let plan = NodePlan::build(&state, node_config(args)?);
-    let text = modes::for_render(args.mode).render(&plan).map_err(anyhow::Error::from_boxed)?;
+    let text = modes::for_render(args).render(&plan).map_err(anyhow::Error::from_boxed)?;
     print!("{text}");
     // Served by the proxy itself, not by the kernel; shown so the output is the whole story.
     for (service, check) in &plan.health_checks {

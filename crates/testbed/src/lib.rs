@@ -14,6 +14,9 @@
 //! node namespaces. Nothing is ever configured in the caller's own network namespace,
 //! clients have no default route, and routes and probes are refused outside the plan.
 //!
+//! [`guest`] runs tests that need kernel modules the host lacks (ip_vs, sctp, ...) inside a
+//! qemu guest through `scripts/in-guest`, and decides when such a test skips.
+//!
 //! Everything here needs root (`CAP_NET_ADMIN` and `CAP_SYS_ADMIN`), except the pure parts
 //! ([`address_plan`], reply parsing).
 
@@ -21,6 +24,7 @@ pub mod address_plan;
 pub mod cgroup;
 mod command;
 pub mod echo;
+pub mod guest;
 mod lab;
 pub mod load;
 pub mod namespace;

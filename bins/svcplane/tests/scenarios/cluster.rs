@@ -24,7 +24,8 @@ pub use super::manifests::{
 use super::net::LineServers;
 use super::{Family, NodePortAddresses, Protocol, Scenario, eventually};
 
-/// How long the proxies get to program the node after they start.
+/// How long the proxies get to program the node after they start (on a real machine; see
+/// [`ClusterBuilder::programmed_within`]).
 pub const PROGRAMMED_WITHIN: Duration = Duration::from_secs(10);
 
 /// How a backend is selected on the proxy's command line, and what to print about the node
@@ -107,6 +108,7 @@ pub struct ClusterBuilder {
     extra_files: Vec<(String, String)>,
     node_port_addresses: NodePortAddresses,
     line_servers: Vec<(Protocol, u16, &'static [&'static str])>,
+    programmed_within: Duration,
 }
 
 impl ClusterBuilder {
@@ -125,6 +127,13 @@ impl ClusterBuilder {
     /// Line servers (see [`LineServers`]) on `port` in `pods`, before the proxies start.
     pub fn line_servers(mut self, protocol: Protocol, port: u16, pods: &'static [&'static str]) -> Self {
         self.line_servers.push((protocol, port, pods));
+        self
+    }
+
+    /// How long the proxies get to program the node (default [`PROGRAMMED_WITHIN`]): more
+    /// under emulation, where a debug build's first full sync of the fixture takes 10-17 s.
+    pub fn programmed_within(mut self, limit: Duration) -> Self {
+        self.programmed_within = limit;
         self
     }
 
@@ -188,7 +197,7 @@ impl ClusterBuilder {
             let proxy = cluster.spawn_proxy(node);
             cluster.proxies.push(proxy);
         }
-        cluster.wait_until_programmed();
+        cluster.wait_until_programmed(self.programmed_within);
         cluster
     }
 }
@@ -252,6 +261,7 @@ impl Cluster {
             extra_files: Vec::new(),
             node_port_addresses: NodePortAddresses::Default,
             line_servers: Vec::new(),
+            programmed_within: PROGRAMMED_WITHIN,
         }
     }
 
@@ -460,7 +470,7 @@ impl Cluster {
 
     /// Probes the echo Service's ClusterIP in both families from both nodes until all four
     /// answer: both proxies have read the manifests and programmed everything in them.
-    fn wait_until_programmed(&mut self) {
+    fn wait_until_programmed(&mut self, limit: Duration) {
         let echo = *self.service(ECHO_SERVICE).expect("the echo Service");
         let mut pending: Vec<(u16, SocketAddr)> = Vec::new();
         for node in [THIS_NODE, OTHER_NODE] {
@@ -469,7 +479,7 @@ impl Cluster {
             }
         }
         let mut last_error = String::new();
-        let done = eventually(PROGRAMMED_WITHIN, || {
+        let done = eventually(limit, || {
             for proxy in &mut self.proxies {
                 if let Some(status) = proxy.exit_status() {
                     last_error = format!("the proxy of node{} exited: {status}", proxy.node);
@@ -494,7 +504,7 @@ impl Cluster {
         });
         if !matches!(done, Some((true, _))) {
             panic!(
-                "the {} proxies did not program the echo Service within {PROGRAMMED_WITHIN:?}: {last_error}\n{}",
+                "the {} proxies did not program the echo Service within {limit:?}: {last_error}\n{}",
                 self.backend.name,
                 self.diagnostics()
             );

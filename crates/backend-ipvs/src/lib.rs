@@ -1,0 +1,413 @@
+//! IPVS mode: spells a [`NodePlan`] as kube-proxy's IPVS proxier does, as IPVS virtual
+//! services with masqueraded real servers (`svcplane-ipvs`, generic netlink) and the
+//! Service addresses on the `kube-ipvs0` dummy interface.
+//!
+//! Every policy is the plan's: which endpoints a frontend sends to (cluster or local set,
+//! as the plan's catch-all route says), where NodePorts answer, session affinity (IPVS
+//! persistence with the Service's timeout). The mode adds only its own mechanism's choices:
+//! the scheduler (`--ipvs-scheduler`, `rr` by default) and the connection timeouts. A sync
+//! reads the kernel's IPVS table and sends only the difference.
+//!
+//! Beside IPVS, iptables rules in the nat table ([`rules`], upstream's chain names) mark
+//! what the plan's routes say to masquerade and masquerade it after IPVS (with
+//! `net.ipv4.vs.conntrack=1`); each route's sources are matched there, while IPVS sends
+//! every source to the catch-all route's endpoint set.
+//!
+//! What it does not do yet: upstream's ipsets (rules match each frontend directly),
+//! hairpin masquerade (a pod reaching itself), `loadBalancerSourceRanges`, rejection when a
+//! Service has no endpoints, different endpoint sets per source (`externalTrafficPolicy:
+//! Local` sends every source to the catch-all set), graceful termination (draining at
+//! weight 0), `--ipvs-exclude-cidrs` and strict ARP.
+
+pub mod rules;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+use std::net::IpAddr;
+
+use svcplane_core::{
+    Dataplane, DataplaneError, Destination as PlanDestination, IpFamily, NodePlan, PlanDiff, ServicePortPlan,
+    SourceMatch, SyncReport,
+};
+use svcplane_iptables::{Iptables, IptablesCli, RestoreTable, Table};
+use svcplane_ipvs::{Destination, DummyInterface, Ipvs, IpvsError, Service, ServiceEntry, ServiceKey, Timeouts, diff};
+
+/// The interface holding every Service address, as upstream names it.
+pub const INTERFACE: &str = "kube-ipvs0";
+
+/// The schedulers `--ipvs-scheduler` accepts (the kernel's `ip_vs_*` scheduler modules).
+pub const SCHEDULERS: &[&str] = &["rr", "wrr", "lc", "wlc", "sh", "dh", "sed", "nq", "mh"];
+
+/// The mode's own settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpvsConfig {
+    /// `--ipvs-scheduler`.
+    pub scheduler: String,
+    /// `--ipvs-tcp-timeout`, `--ipvs-tcpfin-timeout`, `--ipvs-udp-timeout` (0: leave).
+    pub timeouts: Timeouts,
+}
+
+impl Default for IpvsConfig {
+    fn default() -> Self {
+        IpvsConfig { scheduler: "rr".to_owned(), timeouts: Timeouts::default() }
+    }
+}
+
+/// What a plan is in IPVS terms.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spelling {
+    pub services: Vec<ServiceEntry>,
+    /// Addresses for `kube-ipvs0`: every ClusterIP, external IP and load-balancer IP.
+    pub addresses: BTreeSet<IpAddr>,
+}
+
+/// Spells `plan` with `scheduler` for every virtual service. NodePorts answer on those of
+/// `node_addresses` (the node's local addresses, or `--node-ip`s) the plan admits.
+pub fn spell(plan: &NodePlan, scheduler: &str, node_addresses: &[IpAddr]) -> Spelling {
+    let mut services: BTreeMap<ServiceKey, ServiceEntry> = BTreeMap::new();
+    let mut addresses = BTreeSet::new();
+    for port in plan.service_ports.values() {
+        for frontend in &port.frontends {
+            let frontend_addresses = match frontend.destination {
+                PlanDestination::Address(address) => {
+                    addresses.insert(address);
+                    vec![address]
+                }
+                PlanDestination::NodePortAddresses => node_port_addresses(plan, port.family, node_addresses),
+            };
+            let endpoints = catch_all_endpoints(port, &frontend.routes);
+            for address in frontend_addresses {
+                let key = ServiceKey { address, protocol: port.protocol, port: frontend.port };
+                let service = Service {
+                    key,
+                    scheduler: scheduler.to_owned(),
+                    persistence_seconds: port
+                        .affinity
+                        .as_ref()
+                        .map_or(0, |affinity| u32::try_from(affinity.timeout.as_secs()).unwrap_or(u32::MAX).max(1)),
+                };
+                let destinations = endpoints
+                    .iter()
+                    .map(|endpoint| {
+                        let destination = Destination { address: endpoint.ip(), port: endpoint.port(), weight: 1 };
+                        ((endpoint.ip(), endpoint.port()), destination)
+                    })
+                    .collect();
+                services.insert(key, ServiceEntry { service, destinations });
+            }
+        }
+    }
+    Spelling { services: services.into_values().collect(), addresses }
+}
+
+/// The endpoints of the route that takes any source (the last route otherwise): the
+/// set the plan gives traffic from anywhere.
+fn catch_all_endpoints<'a>(port: &'a ServicePortPlan, routes: &[svcplane_core::Route]) -> &'a [std::net::SocketAddr] {
+    let route = routes.iter().find(|route| route.sources == SourceMatch::Any).or_else(|| routes.last());
+    route.map_or(&[], |route| port.endpoints(route.endpoints))
+}
+
+/// Those of `node_addresses` of `family` where NodePorts answer, as the plan says.
+fn node_port_addresses(plan: &NodePlan, family: IpFamily, node_addresses: &[IpAddr]) -> Vec<IpAddr> {
+    let cidrs = plan.node_port_cidrs.get(&family).map(Vec::as_slice).unwrap_or_default();
+    let excluded = plan.node_port_exclusions.get(&family).map(Vec::as_slice).unwrap_or_default();
+    node_addresses
+        .iter()
+        .copied()
+        .filter(|address| IpFamily::of(address) == family)
+        .filter(|address| cidrs.iter().any(|cidr| cidr.contains(address)))
+        .filter(|address| !excluded.iter().any(|cidr| cidr.contains(address)))
+        .collect()
+}
+
+/// IPVS mode over the kernel of the calling thread's network namespace.
+#[derive(Debug)]
+pub struct IpvsBackend {
+    config: IpvsConfig,
+    /// Writes the nat rules beside IPVS; `None` only renders.
+    iptables: Option<IptablesCli>,
+    conntrack_enabled: bool,
+    ipvs: Option<Ipvs>,
+    interface: DummyInterface,
+    /// Virtual services this process programmed: a sync deletes those no longer wanted.
+    programmed: BTreeSet<ServiceKey>,
+    timeouts_set: bool,
+}
+
+impl IpvsBackend {
+    /// IPVS mode writing its nat rules with `iptables`.
+    pub fn new(config: IpvsConfig, iptables: IptablesCli) -> Self {
+        IpvsBackend { iptables: Some(iptables), ..Self::for_render(config) }
+    }
+
+    /// IPVS mode that can only render (no iptables programs needed).
+    pub fn for_render(config: IpvsConfig) -> Self {
+        IpvsBackend {
+            config,
+            iptables: None,
+            conntrack_enabled: false,
+            ipvs: None,
+            interface: DummyInterface::new(INTERFACE),
+            programmed: BTreeSet::new(),
+            timeouts_set: false,
+        }
+    }
+
+    fn ipvs(&mut self) -> Result<&mut Ipvs, IpvsError> {
+        if self.ipvs.is_none() {
+            self.ipvs = Some(Ipvs::new()?);
+        }
+        Ok(self.ipvs.as_mut().expect("opened above"))
+    }
+
+    /// Writes the nat rules of both families and hooks them in where missing.
+    fn sync_rules(&mut self, plan: &NodePlan, node_addresses: &[IpAddr]) -> Result<usize, DataplaneError> {
+        let Some(iptables) = self.iptables.as_mut() else {
+            return Ok(0);
+        };
+        if !self.conntrack_enabled {
+            // IPVS connections must be tracked for MASQUERADE to see them (per namespace).
+            std::fs::write("/proc/sys/net/ipv4/vs/conntrack", "1")
+                .map_err(|error| format!("setting sysctl net.ipv4.vs.conntrack to 1: {error}"))?;
+            self.conntrack_enabled = true;
+        }
+        let mut operations = 0;
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let fam = rules::family_of(family);
+            let mut table = rules::nat_table(plan, family, &node_port_addresses(plan, family, node_addresses));
+            for (builtin, chain) in rules::HOOKS {
+                let listing = iptables.list_chain(fam, Table::Nat, builtin)?.unwrap_or_default();
+                let hook = format!("-A {builtin} -j {chain}");
+                if !listing.lines().any(|line| line.trim() == hook) {
+                    table.insert(*builtin, 1, rules::hook_rule(chain));
+                }
+            }
+            operations += table.commands.len();
+            iptables.restore(fam, &table)?;
+        }
+        Ok(operations)
+    }
+
+    /// Removes the hooks and chains [`Self::sync_rules`] writes.
+    fn cleanup_rules(&mut self) -> Result<bool, DataplaneError> {
+        let Some(iptables) = self.iptables.as_mut() else {
+            return Ok(false);
+        };
+        let mut removed = false;
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let fam = rules::family_of(family);
+            let mut table = RestoreTable::new(Table::Nat);
+            for (builtin, chain) in rules::HOOKS {
+                let listing = iptables.list_chain(fam, Table::Nat, builtin)?.unwrap_or_default();
+                let hook = format!("-A {builtin} -j {chain}");
+                for _ in listing.lines().filter(|line| line.trim() == hook) {
+                    table.delete(*builtin, rules::hook_rule(chain));
+                }
+            }
+            let mut chains = Vec::new();
+            for chain in [rules::SERVICES, rules::MARK_MASQ, rules::POSTROUTING] {
+                if iptables.list_chain(fam, Table::Nat, chain)?.is_some() {
+                    chains.push(chain);
+                }
+            }
+            for chain in &chains {
+                table.declare(*chain);
+            }
+            for chain in &chains {
+                table.delete_chain(*chain);
+            }
+            if !table.is_empty() {
+                removed = true;
+                iptables.restore(fam, &table)?;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+impl Dataplane for IpvsBackend {
+    fn mode(&self) -> &'static str {
+        "ipvs"
+    }
+
+    fn sync(&mut self, plan: &NodePlan, _diff: &PlanDiff) -> Result<SyncReport, DataplaneError> {
+        // NodePorts answer on the node's addresses as the kernel has them now, as upstream
+        // (every address but kube-ipvs0's), filtered by the plan.
+        let mut node_addresses = svcplane_ipvs::local_addresses(INTERFACE)?;
+        node_addresses.extend(plan.config.node_ips.iter().copied());
+        let node_addresses: Vec<IpAddr> = node_addresses.into_iter().collect();
+        let spelling = spell(plan, &self.config.scheduler, &node_addresses);
+        let timeouts = self.config.timeouts;
+        if !self.timeouts_set && timeouts != Timeouts::default() {
+            self.ipvs()?.set_timeouts(timeouts)?;
+            self.timeouts_set = true;
+        }
+        // Ours: what we programmed, what is on kube-ipvs0, what the plan wants, and the
+        // node's own addresses (NodePorts) - the services upstream would own too.
+        let mut ours: BTreeSet<IpAddr> = self.interface.addresses()?;
+        ours.extend(spelling.addresses.iter().copied());
+        ours.extend(node_addresses.iter().copied());
+        let programmed = self.programmed.clone();
+        let current: Vec<ServiceEntry> = self
+            .ipvs()?
+            .table()?
+            .into_iter()
+            .filter(|entry| ours.contains(&entry.service.key.address) || programmed.contains(&entry.service.key))
+            .collect();
+        let changes = diff(&current, &spelling.services);
+        // Addresses first, so a new ClusterIP is local before its service exists; the
+        // masquerade rules before the services that need them.
+        let address_operations = self.interface.sync(&spelling.addresses)?;
+        let rule_operations = self.sync_rules(plan, &node_addresses)?;
+        self.ipvs()?.apply(&changes)?;
+        self.programmed = spelling.services.iter().map(|entry| entry.service.key).collect();
+        Ok(SyncReport {
+            full: true,
+            service_ports: plan.service_ports.len(),
+            operations: changes.len() + address_operations + rule_operations,
+        })
+    }
+
+    fn request_full_resync(&mut self) {}
+
+    fn detect_drift(&mut self) -> Option<String> {
+        None
+    }
+
+    fn render(&self, plan: &NodePlan) -> Result<String, DataplaneError> {
+        // Touching nothing: NodePorts shown on the `--node-ip`s.
+        let spelling = spell(plan, &self.config.scheduler, &plan.config.node_ips);
+        let mut text = String::new();
+        for address in &spelling.addresses {
+            let _ = writeln!(text, "{INTERFACE} {address}");
+        }
+        for entry in &spelling.services {
+            let service = &entry.service;
+            let persistent = if service.persistence_seconds > 0 {
+                format!(" persistent {}", service.persistence_seconds)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(text, "{} {}{persistent}", service.key, service.scheduler);
+            for destination in entry.destinations.values() {
+                let _ = writeln!(
+                    text,
+                    "  -> {} Masq {}",
+                    std::net::SocketAddr::new(destination.address, destination.port),
+                    destination.weight
+                );
+            }
+        }
+        Ok(text)
+    }
+
+    fn cleanup(&mut self) -> Result<bool, DataplaneError> {
+        let addresses = self.interface.addresses()?;
+        let programmed = self.programmed.clone();
+        let mut removed = false;
+        match self.ipvs() {
+            Ok(ipvs) => {
+                let ours: Vec<ServiceEntry> = ipvs
+                    .table()?
+                    .into_iter()
+                    .filter(|entry| {
+                        addresses.contains(&entry.service.key.address) || programmed.contains(&entry.service.key)
+                    })
+                    .collect();
+                removed |= !ours.is_empty();
+                ipvs.apply(&diff(&ours, &[]))?;
+            }
+            // No IPVS in this kernel: nothing of ours can be there.
+            Err(IpvsError::NoFamily { .. }) => {}
+            Err(error) => return Err(error.into()),
+        }
+        removed |= self.interface.delete()?;
+        removed |= self.cleanup_rules()?;
+        self.programmed.clear();
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use svcplane_core::{
+        Change, ClientIpAffinity, ClusterState, Endpoint, EndpointPort, EndpointSlice, NamespacedName, NodeConfig,
+        NodePortAddresses, Protocol, Service as KubeService, ServicePort, ServiceType,
+    };
+
+    use super::*;
+
+    fn plan(service_type: ServiceType, affinity: bool) -> NodePlan {
+        let mut service = KubeService::cluster_ip(
+            NamespacedName::new("default", "web"),
+            vec!["198.19.0.10".parse().unwrap()],
+            vec![ServicePort { name: "http".into(), protocol: Protocol::Sctp, port: 80, node_port: Some(30080) }],
+        );
+        service.service_type = service_type;
+        if affinity {
+            service.session_affinity = Some(ClientIpAffinity { timeout: Duration::from_secs(600) });
+        }
+        let slice = EndpointSlice {
+            name: NamespacedName::new("default", "web-abc"),
+            service: NamespacedName::new("default", "web"),
+            family: IpFamily::V4,
+            ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Sctp, port: 8080 }],
+            endpoints: vec![
+                Endpoint::ready("198.18.128.2".parse().unwrap(), Some("node1")),
+                Endpoint::ready("198.18.129.2".parse().unwrap(), Some("node2")),
+            ],
+        };
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(service));
+        state.apply(Change::SliceUpserted(slice));
+        NodePlan::build(
+            &state,
+            NodeConfig {
+                node_name: "node1".into(),
+                node_ips: vec!["198.18.0.11".parse().unwrap()],
+                cluster_cidrs: vec!["198.18.128.0/17".parse().unwrap()],
+                node_port_addresses: NodePortAddresses::AllLocal,
+            },
+        )
+    }
+
+    #[test]
+    fn a_cluster_ip_is_one_virtual_service_on_kube_ipvs0_with_every_endpoint() {
+        let spelling = spell(&plan(ServiceType::ClusterIp, false), "rr", &[]);
+        assert_eq!(spelling.addresses, BTreeSet::from(["198.19.0.10".parse().unwrap()]));
+        assert_eq!(spelling.services.len(), 1);
+        let entry = &spelling.services[0];
+        assert_eq!(entry.service.key.to_string(), "sctp 198.19.0.10:80");
+        assert_eq!(entry.service.scheduler, "rr");
+        assert_eq!(entry.service.persistence_seconds, 0);
+        let reals: Vec<String> =
+            entry.destinations.values().map(|d| format!("{}:{} {}", d.address, d.port, d.weight)).collect();
+        assert_eq!(reals, vec!["198.18.128.2:8080 1", "198.18.129.2:8080 1"]);
+    }
+
+    #[test]
+    fn a_node_port_is_a_virtual_service_on_each_node_address_not_on_kube_ipvs0() {
+        let spelling = spell(&plan(ServiceType::NodePort, false), "lc", &["198.18.0.11".parse().unwrap()]);
+        let keys: Vec<String> =
+            spelling.services.iter().map(|e| format!("{} {}", e.service.key, e.service.scheduler)).collect();
+        assert_eq!(keys, vec!["sctp 198.18.0.11:30080 lc", "sctp 198.19.0.10:80 lc"]);
+        assert!(!spelling.addresses.contains(&"198.18.0.11".parse().unwrap()));
+    }
+
+    #[test]
+    fn client_ip_affinity_is_persistence_with_the_services_timeout() {
+        let spelling = spell(&plan(ServiceType::ClusterIp, true), "rr", &[]);
+        assert_eq!(spelling.services[0].service.persistence_seconds, 600);
+    }
+
+    #[test]
+    fn render_lists_addresses_services_and_real_servers() {
+        let text = IpvsBackend::for_render(IpvsConfig::default()).render(&plan(ServiceType::ClusterIp, false)).unwrap();
+        assert_eq!(
+            text,
+            "kube-ipvs0 198.19.0.10\nsctp 198.19.0.10:80 rr\n  -> 198.18.128.2:8080 Masq 1\n  -> 198.18.129.2:8080 Masq 1\n"
+        );
+    }
+}

@@ -1,0 +1,413 @@
+//! The IPVS mechanism: virtual services and their real servers in the kernel's IPVS table,
+//! through the `IPVS` generic netlink family directly (no `ipvsadm` process).
+//!
+//! It reads the kernel's current table ([`Ipvs::services`], [`Ipvs::destinations`]), works
+//! out the difference to a wanted table ([`diff`], pure), and applies it one request per
+//! change ([`Ipvs::apply`]), so a sync that changes one endpoint sends one message. It also
+//! sets the connection timeouts ([`Ipvs::set_timeouts`]). [`DummyInterface`] keeps the
+//! virtual addresses on a dummy interface (kube-proxy's `kube-ipvs0`) with the `ip` program.
+//!
+//! It decides nothing and knows nothing of Services: which addresses, schedulers, weights
+//! and persistence to program is the caller's business (svcplane's core decides, the IPVS
+//! backend spells it). It does not touch fwmark services, forwarding methods other than
+//! masquerading (NAT), ipsets or iptables rules.
+
+mod interface;
+mod wire;
+
+pub use interface::{DummyInterface, local_addresses};
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::IpAddr;
+
+use netlink_sys::Socket;
+use svcplane_net::Protocol;
+
+use wire::*;
+
+/// What identifies a virtual service: address, protocol, port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceKey {
+    pub address: IpAddr,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+impl std::fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.address {
+            IpAddr::V4(address) => write!(f, "{} {address}:{}", self.protocol.as_str(), self.port),
+            IpAddr::V6(address) => write!(f, "{} [{address}]:{}", self.protocol.as_str(), self.port),
+        }
+    }
+}
+
+/// A virtual service: scheduler (`rr`, `wrr`, `lc`, ...) and persistence (session
+/// affinity) in seconds, 0 for none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    pub key: ServiceKey,
+    pub scheduler: String,
+    pub persistence_seconds: u32,
+}
+
+/// A real server of a virtual service, masqueraded (NAT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Destination {
+    pub address: IpAddr,
+    pub port: u16,
+    /// 0 takes no new connections (graceful termination) but keeps existing ones.
+    pub weight: u32,
+}
+
+/// A virtual service with its real servers, keyed by (address, port).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceEntry {
+    pub service: Service,
+    pub destinations: BTreeMap<(IpAddr, u16), Destination>,
+}
+
+/// A destination as the kernel reports it, with its connection counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DestinationState {
+    pub destination: Destination,
+    pub active_connections: u32,
+    pub inactive_connections: u32,
+}
+
+/// One change to the kernel's table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    AddService(Service),
+    /// Scheduler or persistence changed.
+    UpdateService(Service),
+    DeleteService(ServiceKey),
+    AddDestination(ServiceKey, Destination),
+    /// Weight changed.
+    UpdateDestination(ServiceKey, Destination),
+    DeleteDestination(ServiceKey, Destination),
+}
+
+/// The changes that turn `current` into `wanted`: services first (deleted services take
+/// their destinations with them), then destinations. Services in `current` but not in
+/// `wanted` are deleted: the caller passes only the services it owns.
+pub fn diff(current: &[ServiceEntry], wanted: &[ServiceEntry]) -> Vec<Change> {
+    let current: BTreeMap<ServiceKey, &ServiceEntry> = current.iter().map(|entry| (entry.service.key, entry)).collect();
+    let wanted: BTreeMap<ServiceKey, &ServiceEntry> = wanted.iter().map(|entry| (entry.service.key, entry)).collect();
+    let mut changes = Vec::new();
+    for key in current.keys() {
+        if !wanted.contains_key(key) {
+            changes.push(Change::DeleteService(*key));
+        }
+    }
+    for (key, entry) in &wanted {
+        let empty = BTreeMap::new();
+        let had = match current.get(key) {
+            None => {
+                changes.push(Change::AddService(entry.service.clone()));
+                &empty
+            }
+            Some(existing) => {
+                if existing.service != entry.service {
+                    changes.push(Change::UpdateService(entry.service.clone()));
+                }
+                &existing.destinations
+            }
+        };
+        for (id, destination) in had {
+            if !entry.destinations.contains_key(id) {
+                changes.push(Change::DeleteDestination(*key, *destination));
+            }
+        }
+        for (id, destination) in &entry.destinations {
+            match had.get(id) {
+                None => changes.push(Change::AddDestination(*key, *destination)),
+                Some(existing) if existing.weight != destination.weight => {
+                    changes.push(Change::UpdateDestination(*key, *destination));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    changes
+}
+
+/// Connection timeouts in seconds; 0 leaves one as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Timeouts {
+    pub tcp: u32,
+    pub tcp_fin: u32,
+    pub udp: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IpvsError {
+    #[error("opening a generic netlink socket: {0}")]
+    Socket(#[source] io::Error),
+    #[error("the kernel has no IPVS generic netlink family (is the ip_vs module loaded?): errno {errno}")]
+    NoFamily { errno: i32 },
+    #[error("{operation} {object}: {source}")]
+    Request {
+        operation: &'static str,
+        object: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The kernel's IPVS table in the network namespace the socket was opened in.
+#[derive(Debug)]
+pub struct Ipvs {
+    socket: Socket,
+    family: u16,
+    seq: u32,
+    receive: Vec<u8>,
+}
+
+impl Ipvs {
+    /// Opens a generic netlink socket in the calling thread's network namespace and finds
+    /// the IPVS family. Needs CAP_NET_ADMIN and the `ip_vs` module (the kernel does not
+    /// autoload it for generic netlink).
+    pub fn new() -> Result<Self, IpvsError> {
+        let mut socket = Socket::new(NETLINK_GENERIC).map_err(IpvsError::Socket)?;
+        socket.bind_auto().map_err(IpvsError::Socket)?;
+        let mut ipvs = Ipvs { socket, family: GENL_ID_CTRL, seq: 1, receive: vec![0; 1 << 16] };
+        let seq = ipvs.next_seq();
+        let mut request = Request::new(GENL_ID_CTRL, NLM_F_REQUEST | NLM_F_ACK, seq, CTRL_CMD_GETFAMILY, 1);
+        request.string(CTRL_ATTR_FAMILY_NAME, IPVS_GENL_NAME);
+        let (replies, errno) = ipvs.request(&request.finish(), seq).map_err(IpvsError::Socket)?;
+        ipvs.family = replies.iter().find_map(|reply| family_id(reply)).ok_or(IpvsError::NoFamily { errno })?;
+        Ok(ipvs)
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    /// Every TCP, UDP and SCTP virtual service (fwmark services are left out).
+    pub fn services(&mut self) -> Result<Vec<Service>, IpvsError> {
+        let seq = self.next_seq();
+        let request =
+            Request::new(self.family, NLM_F_REQUEST | NLM_F_DUMP, seq, IPVS_CMD_GET_SERVICE, IPVS_GENL_VERSION);
+        let failed = |source| IpvsError::Request { operation: "listing", object: "IPVS services".to_owned(), source };
+        let (replies, errno) = self.request(&request.finish(), seq).map_err(failed)?;
+        if errno != 0 {
+            return Err(failed(io::Error::from_raw_os_error(errno)));
+        }
+        Ok(replies.iter().filter_map(|reply| parse_service(reply)).collect())
+    }
+
+    /// The real servers of `service`.
+    pub fn destinations(&mut self, service: &ServiceKey) -> Result<Vec<DestinationState>, IpvsError> {
+        let seq = self.next_seq();
+        let mut request =
+            Request::new(self.family, NLM_F_REQUEST | NLM_F_DUMP, seq, IPVS_CMD_GET_DEST, IPVS_GENL_VERSION);
+        request.begin_nest(IPVS_CMD_ATTR_SERVICE).service_key(service).end_nest();
+        let failed = |source| IpvsError::Request {
+            operation: "listing the real servers of",
+            object: format!("IPVS service {service}"),
+            source,
+        };
+        let (replies, errno) = self.request(&request.finish(), seq).map_err(failed)?;
+        if errno != 0 {
+            return Err(failed(io::Error::from_raw_os_error(errno)));
+        }
+        Ok(replies
+            .iter()
+            .filter_map(|reply| parse_destination(reply, service.address))
+            .map(|(destination, active_connections, inactive_connections)| DestinationState {
+                destination,
+                active_connections,
+                inactive_connections,
+            })
+            .collect())
+    }
+
+    /// The whole table: every service with its real servers.
+    pub fn table(&mut self) -> Result<Vec<ServiceEntry>, IpvsError> {
+        let mut entries = Vec::new();
+        for service in self.services()? {
+            let destinations = self
+                .destinations(&service.key)?
+                .into_iter()
+                .map(|state| ((state.destination.address, state.destination.port), state.destination))
+                .collect();
+            entries.push(ServiceEntry { service, destinations });
+        }
+        Ok(entries)
+    }
+
+    /// Applies `changes` in order, one acknowledged request each; stops at the first the
+    /// kernel refuses, naming it.
+    pub fn apply(&mut self, changes: &[Change]) -> Result<(), IpvsError> {
+        for change in changes {
+            let seq = self.next_seq();
+            let flags = NLM_F_REQUEST | NLM_F_ACK;
+            let (operation, object, request) = match change {
+                Change::AddService(service) => {
+                    let mut request = Request::new(self.family, flags, seq, IPVS_CMD_NEW_SERVICE, IPVS_GENL_VERSION);
+                    request.begin_nest(IPVS_CMD_ATTR_SERVICE).service(service).end_nest();
+                    ("adding", format!("IPVS service {} (scheduler {})", service.key, service.scheduler), request)
+                }
+                Change::UpdateService(service) => {
+                    let mut request = Request::new(self.family, flags, seq, IPVS_CMD_SET_SERVICE, IPVS_GENL_VERSION);
+                    request.begin_nest(IPVS_CMD_ATTR_SERVICE).service(service).end_nest();
+                    ("updating", format!("IPVS service {} (scheduler {})", service.key, service.scheduler), request)
+                }
+                Change::DeleteService(key) => {
+                    let mut request = Request::new(self.family, flags, seq, IPVS_CMD_DEL_SERVICE, IPVS_GENL_VERSION);
+                    request.begin_nest(IPVS_CMD_ATTR_SERVICE).service_key(key).end_nest();
+                    ("deleting", format!("IPVS service {key}"), request)
+                }
+                Change::AddDestination(key, destination)
+                | Change::UpdateDestination(key, destination)
+                | Change::DeleteDestination(key, destination) => {
+                    let (cmd, operation) = match change {
+                        Change::AddDestination(..) => (IPVS_CMD_NEW_DEST, "adding"),
+                        Change::UpdateDestination(..) => (IPVS_CMD_SET_DEST, "updating"),
+                        _ => (IPVS_CMD_DEL_DEST, "deleting"),
+                    };
+                    let mut request = Request::new(self.family, flags, seq, cmd, IPVS_GENL_VERSION);
+                    request.begin_nest(IPVS_CMD_ATTR_SERVICE).service_key(key).end_nest();
+                    request.begin_nest(IPVS_CMD_ATTR_DEST);
+                    if cmd == IPVS_CMD_DEL_DEST {
+                        request.destination_key(destination);
+                    } else {
+                        request.destination(destination);
+                    }
+                    request.end_nest();
+                    let object = format!(
+                        "real server {} port {} (weight {}) of IPVS service {key}",
+                        destination.address, destination.port, destination.weight
+                    );
+                    (operation, object, request)
+                }
+            };
+            self.acknowledged(&request.finish(), seq, operation, object)?;
+        }
+        Ok(())
+    }
+
+    /// Sets the TCP, TCP FIN and UDP connection timeouts (`ipvsadm --set`).
+    pub fn set_timeouts(&mut self, timeouts: Timeouts) -> Result<(), IpvsError> {
+        let seq = self.next_seq();
+        let mut request =
+            Request::new(self.family, NLM_F_REQUEST | NLM_F_ACK, seq, IPVS_CMD_SET_CONFIG, IPVS_GENL_VERSION);
+        request
+            .u32(IPVS_CMD_ATTR_TIMEOUT_TCP, timeouts.tcp)
+            .u32(IPVS_CMD_ATTR_TIMEOUT_TCP_FIN, timeouts.tcp_fin)
+            .u32(IPVS_CMD_ATTR_TIMEOUT_UDP, timeouts.udp);
+        let object = format!("IPVS timeouts (tcp {}, tcpfin {}, udp {})", timeouts.tcp, timeouts.tcp_fin, timeouts.udp);
+        self.acknowledged(&request.finish(), seq, "setting", object)
+    }
+
+    fn acknowledged(&mut self, buf: &[u8], seq: u32, operation: &'static str, object: String) -> Result<(), IpvsError> {
+        match self.request(buf, seq) {
+            Ok((_, 0)) => Ok(()),
+            Ok((_, errno)) => {
+                Err(IpvsError::Request { operation, object, source: io::Error::from_raw_os_error(errno) })
+            }
+            Err(source) => Err(IpvsError::Request { operation, object, source }),
+        }
+    }
+
+    /// Sends one request and collects the payloads answering it until its ack, error or
+    /// dump end; returns them with the errno (0 for success).
+    fn request(&mut self, buf: &[u8], seq: u32) -> io::Result<(Vec<Vec<u8>>, i32)> {
+        let sent = self.socket.send(buf, 0)?;
+        if sent != buf.len() {
+            return Err(io::Error::other(format!("netlink sent {sent} of {} bytes", buf.len())));
+        }
+        let mut replies = Vec::new();
+        loop {
+            let len = loop {
+                match self.socket.recv(&mut &mut self.receive[..], 0) {
+                    Ok(len) => break len.min(self.receive.len()),
+                    Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                    Err(error) => return Err(error),
+                }
+            };
+            for message in messages(&self.receive[..len]) {
+                if message.seq != seq {
+                    continue;
+                }
+                match message.msg_type {
+                    NLMSG_ERROR | NLMSG_DONE => {
+                        let code = message
+                            .payload
+                            .get(..4)
+                            .map_or(0, |bytes| i32::from_ne_bytes(bytes.try_into().expect("four bytes")));
+                        return Ok((replies, -code));
+                    }
+                    _ => replies.push(message.payload.to_vec()),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(port: u16) -> ServiceKey {
+        ServiceKey { address: "198.19.0.10".parse().unwrap(), protocol: Protocol::Tcp, port }
+    }
+
+    fn destination(last: u8, weight: u32) -> Destination {
+        Destination { address: IpAddr::from([198, 18, 2, last]), port: 8080, weight }
+    }
+
+    fn entry(port: u16, scheduler: &str, destinations: &[Destination]) -> ServiceEntry {
+        ServiceEntry {
+            service: Service { key: key(port), scheduler: scheduler.to_owned(), persistence_seconds: 0 },
+            destinations: destinations.iter().map(|d| ((d.address, d.port), *d)).collect(),
+        }
+    }
+
+    #[test]
+    fn an_unchanged_table_needs_no_change() {
+        let table = vec![entry(80, "rr", &[destination(2, 1), destination(3, 1)])];
+        assert_eq!(diff(&table, &table), vec![]);
+    }
+
+    #[test]
+    fn one_endpoint_more_is_one_added_real_server() {
+        let current = vec![entry(80, "rr", &[destination(2, 1)])];
+        let wanted = vec![entry(80, "rr", &[destination(2, 1), destination(3, 1)])];
+        assert_eq!(diff(&current, &wanted), vec![Change::AddDestination(key(80), destination(3, 1))]);
+    }
+
+    #[test]
+    fn a_weight_change_updates_and_a_gone_endpoint_is_deleted() {
+        let current = vec![entry(80, "rr", &[destination(2, 1), destination(3, 1)])];
+        let wanted = vec![entry(80, "rr", &[destination(2, 0)])];
+        assert_eq!(
+            diff(&current, &wanted),
+            vec![
+                Change::DeleteDestination(key(80), destination(3, 1)),
+                Change::UpdateDestination(key(80), destination(2, 0)),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_new_scheduler_updates_the_service_and_a_gone_service_is_deleted_whole() {
+        let current = vec![entry(80, "rr", &[destination(2, 1)]), entry(81, "rr", &[destination(2, 1)])];
+        let wanted = vec![entry(80, "lc", &[destination(2, 1)])];
+        let mut updated = wanted[0].service.clone();
+        updated.scheduler = "lc".to_owned();
+        assert_eq!(diff(&current, &wanted), vec![Change::DeleteService(key(81)), Change::UpdateService(updated)]);
+    }
+
+    #[test]
+    fn a_new_service_comes_before_its_real_servers() {
+        let wanted = vec![entry(80, "rr", &[destination(2, 1)])];
+        assert_eq!(
+            diff(&[], &wanted),
+            vec![Change::AddService(wanted[0].service.clone()), Change::AddDestination(key(80), destination(2, 1))]
+        );
+    }
+}
