@@ -1,7 +1,7 @@
 //! Maglev consistent hashing (Eisenbud et al., NSDI 2016): a lookup table of prime size in
 //! which every endpoint owns about the same number of entries, and which changes little
 //! when an endpoint comes or goes, so flows hashed into it mostly stay where they were.
-//! Pure: the tc program reads the table, [`crate::tc::TcNat`] writes it.
+//! Pure: the tc program reads the table, `TcNat` (the tc module) writes it.
 
 use std::net::SocketAddr;
 
