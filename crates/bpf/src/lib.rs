@@ -13,6 +13,7 @@ pub mod maps;
 pub mod aya_maps {
     pub use aya::maps::IterableMap;
 }
+mod pins;
 mod pod;
 pub mod sock_lb;
 pub mod sys;
@@ -23,7 +24,8 @@ pub use maps::{
     AffinityKey, AffinityValue, BackendKey, BackendValue, Config, LiveKey, RevKey, RevValue, Scope, ServiceFlags,
     ServiceKey, ServiceValue,
 };
-pub use sock_lb::{MapSizes, SockLb, SockLbOptions, cleanup};
+pub use pins::cleanup;
+pub use sock_lb::{MapSizes, SockLb, SockLbOptions};
 
 /// The socket-level load balancer's object (`bpf/sock_lb.c`), as clang built it.
 /// The tc program's object (`bpf/tc_nat.c`).

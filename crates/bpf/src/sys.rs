@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 
 use crate::BpfError;
 
+/// Where pinned links live under the bpf root.
+pub(crate) const LINKS_DIR: &str = "links";
+
 /// `BPF_FS_MAGIC` from linux/magic.h.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// `SO_NETNS_COOKIE` (Linux 5.14), not in every libc crate version.

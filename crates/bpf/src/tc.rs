@@ -141,7 +141,7 @@ impl TcNat {
     /// Attaches the program to `interface`'s ingress unless a pinned link already does.
     /// Returns whether it attached.
     pub fn attach(&mut self, interface: &str) -> Result<bool, BpfError> {
-        let links = self.bpf_root.join(crate::sock_lb::LINKS_DIR);
+        let links = self.bpf_root.join(crate::sys::LINKS_DIR);
         let pin = links.join(format!("{LINK_PREFIX}{interface}"));
         if pin.exists() {
             return Ok(false);
@@ -373,7 +373,7 @@ pub fn node_interfaces() -> Result<Vec<String>, BpfError> {
 
 /// The tc links pinned under `bpf_root`, by interface name.
 pub fn pinned_interfaces(bpf_root: &Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(bpf_root.join(crate::sock_lb::LINKS_DIR)) else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(bpf_root.join(crate::sys::LINKS_DIR)) else { return Vec::new() };
     let mut names: Vec<String> = entries
         .filter_map(Result::ok)
         .filter_map(|entry| entry.file_name().to_str()?.strip_prefix(LINK_PREFIX).map(str::to_owned))
