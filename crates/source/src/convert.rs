@@ -296,12 +296,22 @@ pub fn service_to_core(service: &Service) -> Result<Option<model::Service>, Vec<
         }
     };
 
+    // Only a Local LoadBalancer Service has its health checked by node; the kube-apiserver
+    // refuses the field on any other Service, and so do we.
     let health_check_node_port = match spec.health_check_node_port {
         None | Some(0) => None,
+        Some(_) if !(service_type == ServiceType::LoadBalancer && external_traffic_policy == TrafficPolicy::Local) => {
+            check.report(
+                "spec.healthCheckNodePort",
+                Problem::Invalid {
+                    reason: "may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` is 'Local'"
+                        .to_owned(),
+                },
+            );
+            None
+        }
         Some(value) => check.port(value, || "spec.healthCheckNodePort".to_owned()),
-    }
-    // Only a Local LoadBalancer Service has its health checked by node.
-    .filter(|_| service_type == ServiceType::LoadBalancer && external_traffic_policy == TrafficPolicy::Local);
+    };
 
     let mut load_balancer_ingress = Vec::new();
     // A Service that is no longer a LoadBalancer keeps no load-balancer addresses, whatever
@@ -720,7 +730,6 @@ mod tests {
             "sessionAffinity": "ClientIP",
             "externalTrafficPolicy": "Global",
             "trafficDistribution": "PreferClose",
-            "healthCheckNodePort": 31000,
         }));
         let converted = service_to_core(&svc).unwrap().unwrap();
         assert_eq!(converted.cluster_ips, ["10.96.0.1".parse::<IpAddr>().unwrap(), "fd00::1".parse().unwrap()]);
@@ -728,9 +737,42 @@ mod tests {
         assert_eq!(converted.session_affinity, Some(ClientIpAffinity { timeout: DEFAULT_AFFINITY_TIMEOUT }));
         assert_eq!(converted.external_traffic_policy, TrafficPolicy::Cluster);
         assert_eq!(converted.traffic_distribution, Some(TrafficDistribution::PreferSameZone));
-        assert_eq!(converted.health_check_node_port, None, "only a Local LoadBalancer keeps it");
         let unknown = web(json!({"clusterIP": "10.96.0.1", "trafficDistribution": "PreferSomewhereNice"}));
         assert_eq!(service_to_core(&unknown).unwrap().unwrap().traffic_distribution, None);
+    }
+
+    #[test]
+    fn a_health_check_node_port_outside_a_local_load_balancer_is_an_error_naming_the_field() {
+        for spec in [
+            json!({"type": "NodePort", "clusterIP": "10.96.0.1", "externalTrafficPolicy": "Local",
+                   "ports": [{"port": 80, "nodePort": 30080}], "healthCheckNodePort": 31000}),
+            json!({"type": "LoadBalancer", "clusterIP": "10.96.0.1", "externalTrafficPolicy": "Cluster",
+                   "ports": [{"port": 80, "nodePort": 30080}], "healthCheckNodePort": 31000}),
+            json!({"clusterIP": "10.96.0.1", "ports": [{"port": 80}], "healthCheckNodePort": 31000}),
+        ] {
+            let errors = service_to_core(&web(spec.clone())).unwrap_err();
+            assert_eq!(errors.len(), 1, "{spec}: {errors:?}");
+            assert_eq!(errors[0].field, "spec.healthCheckNodePort");
+            assert_eq!(errors[0].object.to_string(), "Service shop/web");
+        }
+        let ok = web(json!({"type": "LoadBalancer", "clusterIP": "10.96.0.1", "externalTrafficPolicy": "Local",
+                            "ports": [{"port": 80, "nodePort": 30080}], "healthCheckNodePort": 31000}));
+        assert_eq!(service_to_core(&ok).unwrap().unwrap().health_check_node_port, Some(31000));
+    }
+
+    #[test]
+    fn a_bad_health_check_node_port_on_one_service_leaves_the_others_programmed() {
+        let mut objects = ClusterObjects::default();
+        let mut bad = web(json!({"type": "NodePort", "clusterIP": "10.96.0.1",
+                                 "ports": [{"port": 80, "nodePort": 30080}], "healthCheckNodePort": 31000}));
+        bad.metadata.name = Some("bad".to_owned());
+        objects.services.push(bad);
+        objects.services.push(web(json!({"clusterIP": "10.96.0.2", "ports": [{"port": 80}]})));
+        let converted = convert_objects(&objects, &Origins::new());
+        assert_eq!(converted.errors.len(), 1);
+        assert_eq!(converted.errors[0].field, "spec.healthCheckNodePort");
+        assert!(converted.errors[0].to_string().contains("Service shop/bad"), "{}", converted.errors[0]);
+        assert_eq!(converted.services.len(), 1);
     }
 
     #[test]
