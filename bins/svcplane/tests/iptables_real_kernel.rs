@@ -173,14 +173,12 @@ fn a_flush_behind_svcplanes_back_is_repaired(backend: Backend) {
     let lab = cluster.lab();
     let node = lab.node(THIS_NODE).namespace_name().to_owned();
     let target = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
-    let iptables = program(backend, Family::V4, "");
-    // What a careless firewall script does: flush and delete every chain of filter and nat.
-    for table in ["filter", "nat"] {
-        for flag in ["-F", "-X"] {
-            lab.exec_ok(&node, &[iptables.as_str(), "-t", table, flag])
-                .unwrap_or_else(|e| panic!("{table} {flag}: {e}"));
-        }
-    }
+    let restore = program(backend, Family::V4, "restore");
+    // What a careless firewall script does: flush and delete every chain of filter and nat,
+    // in one step (as separate `-F` and `-X` commands, the proxy may put rules back in
+    // between, and `-X` then fails on a referenced chain).
+    let script = format!("printf '*filter\\nCOMMIT\\n*nat\\nCOMMIT\\n' | {restore}");
+    lab.exec_ok(&node, &["sh", "-c", script.as_str()]).unwrap_or_else(|e| panic!("{restore} of empty tables: {e}"));
     assert!(lab.tcp_request(&node, target, Duration::from_millis(300)).is_err(), "the flush broke the ClusterIP");
     let repaired = eventually(WITHIN, || lab.tcp_request(&node, target, Duration::from_millis(300)).ok());
     let Some((reply, took)) = repaired else {
