@@ -6,7 +6,11 @@
 use std::fmt;
 use std::mem::size_of;
 
+use aya::Ebpf;
 pub use aya::maps::MapError;
+
+use crate::BpfError;
+use aya::maps::Map;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// The map names, as pinned under the bpf root.
@@ -36,6 +40,19 @@ pub const SOCK_LB_MAPS: [&str; 9] = [
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 pub const PROTO_SCTP: u8 = 132;
+
+/// Takes map `name` out of a loaded object, typed.
+pub(crate) fn typed<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(BpfError::MissingMap { map: name })?;
+    T::try_from(map).map_err(|source| BpfError::Map {
+        map: name,
+        what: "opening with its key and value types".into(),
+        source: Box::new(source),
+    })
+}
 
 /// An address as the maps store it.
 pub fn address_bytes(ip: IpAddr) -> [u8; 16] {

@@ -12,6 +12,7 @@ use aya::programs::links::FdLink;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::{Ebpf, EbpfLoader};
 
+use crate::maps::typed;
 use crate::maps::{
     AFFINITY_MAP, AffinityKey, AffinityValue, BACKENDS_MAP, BackendKey, BackendValue, CONFIG_MAP, Config, LIVE_MAP,
     LiveKey, REV_SOCK_MAP, RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue, UDP_FLOWS_MAP,
@@ -154,18 +155,6 @@ pub struct BatchMaps {
     pub services: MapData,
     pub backends: MapData,
     pub live: MapData,
-}
-
-fn typed<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>
-where
-    T: TryFrom<Map, Error = aya::maps::MapError>,
-{
-    let map = ebpf.take_map(name).ok_or(BpfError::MissingMap { map: name })?;
-    T::try_from(map).map_err(|source| BpfError::Map {
-        map: name,
-        what: "opening with its key and value types".into(),
-        source: Box::new(source),
-    })
 }
 
 fn attach(ebpf: &mut Ebpf, program: &'static str, cgroup: &File, pin: &Path) -> Result<(), BpfError> {

@@ -7,13 +7,13 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
-use aya::maps::{Array, HashOfMaps, Map, MapData};
+use aya::maps::{Array, HashOfMaps, MapData};
 use aya::programs::links::FdLink;
 use aya::programs::{SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
 
-use crate::maps::{AFFINITY_MAP, BACKENDS_MAP, SERVICES_MAP, ServiceKey, address_bytes};
+use crate::maps::{AFFINITY_MAP, BACKENDS_MAP, SERVICES_MAP, ServiceKey, address_bytes, typed};
 use crate::{BpfError, MapSizes, TC_NAT_OBJECT};
 
 pub const TC_CONFIG_MAP: &str = "svcplane_tc_config";
@@ -343,18 +343,6 @@ impl TcNat {
     pub fn disallow_source(&mut self, frontend: &ServiceKey, source: &IpNet) {
         let _ = self.source_ranges.remove(&Self::range_key(frontend, source));
     }
-}
-
-fn typed<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>
-where
-    T: TryFrom<Map, Error = aya::maps::MapError>,
-{
-    let map = ebpf.take_map(name).ok_or(BpfError::MissingMap { map: name })?;
-    T::try_from(map).map_err(|source| BpfError::Map {
-        map: name,
-        what: "opening with its key and value types".into(),
-        source: Box::new(source),
-    })
 }
 
 /// The node's interfaces the program belongs on: every one of the calling thread's network
