@@ -98,19 +98,7 @@ impl TcNat {
             .map_max_entries(CT_MAP, sizes.reverse)
             .load(TC_NAT_OBJECT)
             .map_err(|source| BpfError::Load { object: "tc_nat.o", source: Box::new(source) })?;
-        let program: &mut SchedClassifier = ebpf
-            .program_mut(PROGRAM)
-            .ok_or(BpfError::Link {
-                program: PROGRAM,
-                what: "missing from the object",
-                source: "no such program".into(),
-            })?
-            .try_into()
-            .map_err(|source| BpfError::Program {
-                program: PROGRAM,
-                what: "not a tc program",
-                source: Box::new(source),
-            })?;
+        let program = classifier(&mut ebpf)?;
         program.load().map_err(|source| BpfError::Program {
             program: PROGRAM,
             what: "loading (the verifier said no?)",
@@ -151,20 +139,7 @@ impl TcNat {
             what: "creating the links directory",
             source,
         })?;
-        let program: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(PROGRAM)
-            .ok_or(BpfError::Link {
-                program: PROGRAM,
-                what: "missing from the object",
-                source: "no such program".into(),
-            })?
-            .try_into()
-            .map_err(|source| BpfError::Program {
-                program: PROGRAM,
-                what: "not a tc program",
-                source: Box::new(source),
-            })?;
+        let program = classifier(&mut self.ebpf)?;
         let id = program.attach(interface, TcAttachType::Ingress).map_err(|source| BpfError::Program {
             program: PROGRAM,
             what: "attaching to an interface's ingress (tcx)",
@@ -242,20 +217,7 @@ impl TcNat {
     /// (`TC_ACT_*`) and the frame as it left.
     pub fn test_run(&mut self, frame: &[u8]) -> Result<(u32, Vec<u8>), BpfError> {
         use std::os::fd::AsFd;
-        let program: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(PROGRAM)
-            .ok_or(BpfError::Link {
-                program: PROGRAM,
-                what: "missing from the object",
-                source: "no such program".into(),
-            })?
-            .try_into()
-            .map_err(|source| BpfError::Program {
-                program: PROGRAM,
-                what: "not a tc program",
-                source: Box::new(source),
-            })?;
+        let program = classifier(&mut self.ebpf)?;
         let fd = program.fd().map_err(|source| BpfError::Program {
             program: PROGRAM,
             what: "not loaded",
@@ -343,6 +305,14 @@ impl TcNat {
     pub fn disallow_source(&mut self, frontend: &ServiceKey, source: &IpNet) {
         let _ = self.source_ranges.remove(&Self::range_key(frontend, source));
     }
+}
+
+/// The tc program of a loaded `tc_nat.o`.
+fn classifier(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, BpfError> {
+    ebpf.program_mut(PROGRAM)
+        .ok_or(BpfError::Link { program: PROGRAM, what: "missing from the object", source: "no such program".into() })?
+        .try_into()
+        .map_err(|source| BpfError::Program { program: PROGRAM, what: "not a tc program", source: Box::new(source) })
 }
 
 /// The node's interfaces the program belongs on: every one of the calling thread's network
