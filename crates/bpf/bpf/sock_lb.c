@@ -205,11 +205,26 @@ static __always_inline int is_v4_mapped(const __u8 *addr)
 }
 
 /* connect4 / sendmsg4: rewrite; refusals only where the syscall can carry them. */
-static __always_inline int balance4(struct bpf_sock_addr *ctx)
+/* The frontend a sock_addr call names, for the caller's scope. */
+static __always_inline void frontend4(struct bpf_sock_addr *ctx, struct svc_key *key)
 {
-	struct svc_key key = { .proto = (__u8)ctx->protocol };
-	key4(&key, ctx->user_ip4, (__u16)ctx->user_port);
-	key.scope = scope_of(ctx);
+	__builtin_memset(key, 0, sizeof(*key));
+	key->proto = (__u8)ctx->protocol;
+	key4(key, ctx->user_ip4, (__u16)ctx->user_port);
+	key->scope = scope_of(ctx);
+}
+
+static __always_inline void frontend6(struct bpf_sock_addr *ctx, struct svc_key *key)
+{
+	__builtin_memset(key, 0, sizeof(*key));
+	key->proto = (__u8)ctx->protocol;
+	key6(key, ctx);
+	key->scope = scope_of(ctx);
+}
+
+static __always_inline int balance4(struct bpf_sock_addr *ctx, struct svc_key *frontend)
+{
+	struct svc_key key = *frontend;
 	struct backend_value backend;
 	switch (pick_flow(ctx, &key, &backend)) {
 	case LB_PASS:
@@ -228,11 +243,9 @@ static __always_inline int balance4(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
-static __always_inline int balance6(struct bpf_sock_addr *ctx)
+static __always_inline int balance6(struct bpf_sock_addr *ctx, struct svc_key *frontend)
 {
-	struct svc_key key = { .proto = (__u8)ctx->protocol };
-	key6(&key, ctx);
-	key.scope = scope_of(ctx);
+	struct svc_key key = *frontend;
 	struct backend_value backend;
 	switch (pick_flow(ctx, &key, &backend)) {
 	case LB_PASS:
@@ -301,18 +314,19 @@ static __always_inline int leave_to_tc(struct bpf_sock_addr *ctx, struct svc_key
 SEC("cgroup/connect4")
 int svcplane_connect4(struct bpf_sock_addr *ctx)
 {
-	struct svc_key key = { .proto = (__u8)ctx->protocol };
-	key4(&key, ctx->user_ip4, (__u16)ctx->user_port);
-	key.scope = scope_of(ctx);
+	struct svc_key key;
+	frontend4(ctx, &key);
 	if (leave_to_tc(ctx, &key))
 		return 1;
-	return balance4(ctx);
+	return balance4(ctx, &key);
 }
 
 SEC("cgroup/sendmsg4")
 int svcplane_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return balance4(ctx);
+	struct svc_key key;
+	frontend4(ctx, &key);
+	return balance4(ctx, &key);
 }
 
 SEC("cgroup/recvmsg4")
@@ -332,18 +346,19 @@ int svcplane_getpeername4(struct bpf_sock_addr *ctx)
 SEC("cgroup/connect6")
 int svcplane_connect6(struct bpf_sock_addr *ctx)
 {
-	struct svc_key key = { .proto = (__u8)ctx->protocol };
-	key6(&key, ctx);
-	key.scope = scope_of(ctx);
+	struct svc_key key;
+	frontend6(ctx, &key);
 	if (leave_to_tc(ctx, &key))
 		return 1;
-	return balance6(ctx);
+	return balance6(ctx, &key);
 }
 
 SEC("cgroup/sendmsg6")
 int svcplane_sendmsg6(struct bpf_sock_addr *ctx)
 {
-	return balance6(ctx);
+	struct svc_key key;
+	frontend6(ctx, &key);
+	return balance6(ctx, &key);
 }
 
 SEC("cgroup/recvmsg6")
