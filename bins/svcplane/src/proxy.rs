@@ -55,10 +55,12 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
     }
     let config = node_config(args)?;
     let dataplane = modes::dataplane(args)?;
-    let ops = ops::start(&ops_settings(args)?, &args.node_name, dataplane.mode())?;
+    let counters = counter_reader(args);
+    let ops = ops::start(&ops_settings(args)?, &args.node_name, dataplane.mode(), counters)?;
     let mut sync = SyncLoop::new(config, dataplane, LoopSettings::default())
         .with_hook(Box::new(HealthServers::default()))
-        .with_hook(Box::new(ops.feed));
+        .with_hook(Box::new(ops.feed))
+        .with_hook(Box::new(ops.status));
     if modes::uses_kernel_conntrack(args.mode) {
         sync = sync.with_hook(Box::new(StaleUdpCleanup::default()));
     }
@@ -83,7 +85,19 @@ fn ops_settings(args: &ProxyArgs) -> anyhow::Result<ops::OpsSettings> {
         hard_fail: args.bind_address_hard_fail,
         health_timeout: 2 * SYNC_PERIOD,
         configz_json: "{}".to_owned(),
+        metrics_max_endpoint_series: args.metrics_max_endpoint_series,
+        status_max_series: args.status_max_series,
     })
+}
+
+/// Reads the kernel's counters apart from the sync loop's dataplane, so a page view or a
+/// scrape never waits for a sync (nor a sync for them).
+fn counter_reader(args: &ProxyArgs) -> Option<svcplane_ops::status::CounterReader> {
+    if args.mode == crate::cli::Mode::Nftables && !args.nft_counters {
+        return None;
+    }
+    let mut reader = modes::for_counters(args.mode, args.iptables_backend, &args.ebpf.bpf_root);
+    Some(Box::new(move || reader.counters().map_err(|error| error.to_string())))
 }
 
 /// Prints what `proxy` would program from scratch, touching nothing.
