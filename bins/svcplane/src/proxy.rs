@@ -11,10 +11,26 @@ use svcplane_sync::{HealthServers, LoopSettings, StaleUdpCleanup, SyncLoop};
 use tracing::info;
 
 use crate::cli::{CleanupArgs, ProxyArgs};
+use crate::config::EffectiveConfig;
 use crate::{feeds, modes};
 
-pub fn node_config(args: &ProxyArgs) -> anyhow::Result<NodeConfig> {
-    node_config_of(&args.node_name, &args.node_ips, &args.cluster_cidrs, &args.nodeport_addresses)
+/// The plan settings of the effective configuration.
+pub fn node_config(effective: &EffectiveConfig, args: &ProxyArgs) -> anyhow::Result<NodeConfig> {
+    node_config_of(&effective.node_name, &args.node_ips, &effective.cluster_cidrs, &effective.nodeport_addresses)
+}
+
+/// What `proxy` and `render` share before they differ: the effective configuration (one
+/// warning per field or flag not applied), `--write-config-to`, and the arguments the
+/// modes and feeds read, resolved. `None`: nothing more to do.
+fn prepare(args: &ProxyArgs) -> anyhow::Result<Option<(EffectiveConfig, ProxyArgs)>> {
+    let effective = EffectiveConfig::resolve(args)?;
+    if let Some(path) = &args.write_config_to {
+        effective.write_config(path)?;
+        info!(file = %path.display(), "wrote the configuration");
+        return Ok(None);
+    }
+    let resolved = effective.apply_to(args);
+    Ok(Some((effective, resolved)))
 }
 
 /// The plan settings from the node flags every planning command shares.
@@ -49,18 +65,29 @@ pub fn node_config_of(
 /// Programs the node and keeps it in sync until SIGTERM or SIGINT. The rules stay in place
 /// on exit, so traffic keeps flowing across a restart; `svcplane cleanup` removes them.
 pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
+    let Some((effective, args)) = prepare(args)? else { return Ok(()) };
+    let args = &args;
+    if args.kube_proxy.cleanup == Some(true) {
+        return cleanup(&CleanupArgs { ebpf: args.ebpf.clone() });
+    }
+    if args.kube_proxy.init_only == Some(true) {
+        info!("--init-only: svcplane needs no initialisation before it runs; exiting");
+        return Ok(());
+    }
+    effective.apply_oom_score_adj();
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing the signal handler")?;
     }
-    let config = node_config(args)?;
-    let mut sync = SyncLoop::new(config, modes::dataplane(args)?, LoopSettings::default())
-        .with_hook(Box::new(HealthServers::default()));
+    let config = node_config(&effective, args)?;
+    let settings = LoopSettings { min_sync_interval: effective.min_sync_period, ..LoopSettings::default() };
+    let mut sync =
+        SyncLoop::new(config, modes::dataplane(args)?, settings).with_hook(Box::new(HealthServers::default()));
     if modes::uses_kernel_conntrack(args.mode) {
         sync = sync.with_hook(Box::new(StaleUdpCleanup::default()));
     }
     let (sender, feed) = mpsc::channel();
-    let feeding = feeds::spawn_changes(&args.source, &args.node_name, sender, Arc::clone(&stop))?;
+    let feeding = feeds::spawn_changes(&args.source, &effective.node_name, sender, Arc::clone(&stop))?;
     sync.run(&feed, &stop);
     stop.store(true, Ordering::Relaxed);
     drop(feed);
@@ -71,11 +98,13 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
 
 /// Prints what `proxy` would program from scratch, touching nothing.
 pub fn render(args: &ProxyArgs) -> anyhow::Result<()> {
+    let Some((effective, args)) = prepare(args)? else { return Ok(()) };
+    let args = &args;
     let mut state = ClusterState::new();
-    for change in feeds::read_changes(&args.source, &args.node_name)? {
+    for change in feeds::read_changes(&args.source, &effective.node_name)? {
         state.apply(change);
     }
-    let plan = NodePlan::build(&state, node_config(args)?);
+    let plan = NodePlan::build(&state, node_config(&effective, args)?);
     let text = modes::for_render(args).render(&plan).map_err(anyhow::Error::from_boxed)?;
     print!("{text}");
     // Served by the proxy itself, not by the kernel; shown so the output is the whole story.
