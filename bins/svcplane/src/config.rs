@@ -241,6 +241,15 @@ pub struct KubeProxyConfiguration {
     pub windows_run_as_service: bool,
 }
 
+/// A float as Go's JSON writes it: `5`, not `5.0`.
+fn go_float<S: serde::Serializer>(value: &f32, serializer: S) -> Result<S::Ok, S::Error> {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        serializer.serialize_i64(*value as i64)
+    } else {
+        serializer.serialize_f32(*value)
+    }
+}
+
 fn is_false(value: &bool) -> bool {
     !*value
 }
@@ -257,7 +266,7 @@ pub struct ClientConnection {
     pub content_type: String,
     #[serde(default, deserialize_with = "nullable")]
     pub kubeconfig: String,
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(default, deserialize_with = "nullable", serialize_with = "go_float")]
     pub qps: f32,
 }
 
@@ -560,7 +569,11 @@ impl KubeProxyConfiguration {
 
     /// The YAML kube-proxy's `--write-config-to` writes.
     pub fn to_yaml(&self) -> anyhow::Result<String> {
-        serde_saphyr::to_string(self).context("writing the configuration as YAML")
+        let mut text = serde_saphyr::to_string(self).context("writing the configuration as YAML")?;
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        Ok(text)
     }
 }
 
