@@ -1037,6 +1037,36 @@ impl EffectiveConfig {
         })
     }
 
+    /// Sets the conntrack timeouts kube-proxy sets (sysctls of this network namespace, each
+    /// only when its value is above zero and differs); a failure names the field in a
+    /// warning. `maxPerCore` / `min` (nf_conntrack_max, node-wide) are not applied.
+    pub fn apply_conntrack(&self) {
+        let c = &self.kube_proxy.conntrack;
+        let seconds = |d: Option<GoDuration>| d.map(|d| d.0.as_secs()).filter(|s| *s > 0);
+        let settings = [
+            (
+                "conntrack.tcpEstablishedTimeout",
+                "nf_conntrack_tcp_timeout_established",
+                seconds(c.tcp_established_timeout),
+            ),
+            ("conntrack.tcpCloseWaitTimeout", "nf_conntrack_tcp_timeout_close_wait", seconds(c.tcp_close_wait_timeout)),
+            ("conntrack.tcpBeLiberal", "nf_conntrack_tcp_be_liberal", c.tcp_be_liberal.then_some(1)),
+            ("conntrack.udpTimeout", "nf_conntrack_udp_timeout", seconds(Some(c.udp_timeout))),
+            ("conntrack.udpStreamTimeout", "nf_conntrack_udp_timeout_stream", seconds(Some(c.udp_stream_timeout))),
+        ];
+        for (field, name, value) in settings {
+            let Some(value) = value else { continue };
+            let path = format!("/proc/sys/net/netfilter/{name}");
+            if std::fs::read_to_string(&path).is_ok_and(|current| current.trim() == value.to_string()) {
+                continue;
+            }
+            match std::fs::write(&path, value.to_string()) {
+                Ok(()) => tracing::info!("{field}: {name} set to {value}"),
+                Err(error) => warn!("{field} is not applied: writing {value} to {path}: {error}"),
+            }
+        }
+    }
+
     /// Writes `oom_score_adj` for this process, as kube-proxy does at start; a failure
     /// (no CAP_SYS_RESOURCE for a negative value, a read-only /proc) is a warning.
     pub fn apply_oom_score_adj(&self) {
@@ -1164,22 +1194,11 @@ fn not_applied(c: &KubeProxyConfiguration, mode: Mode) -> Vec<String> {
         c.config_sync_period.0 != DEFAULT_CONFIG_SYNC_PERIOD,
         "svcplane's watches do not resync on a timer",
     );
-    let conntrack = "svcplane leaves the node's conntrack settings as they are";
+    // The timeouts are applied (`EffectiveConfig::apply_conntrack`); the table size is a
+    // node-wide setting svcplane leaves alone.
+    let conntrack = "svcplane leaves the node's nf_conntrack_max as it is";
     field("conntrack.maxPerCore", c.conntrack.max_per_core.is_some_and(|v| v != 0 && v != 32 * 1024), conntrack);
     field("conntrack.min", c.conntrack.min.is_some_and(|v| v != 0 && v != 128 * 1024), conntrack);
-    field(
-        "conntrack.tcpEstablishedTimeout",
-        c.conntrack.tcp_established_timeout.is_some_and(|d| !d.0.is_zero() && d.0 != Duration::from_secs(24 * 3600)),
-        conntrack,
-    );
-    field(
-        "conntrack.tcpCloseWaitTimeout",
-        c.conntrack.tcp_close_wait_timeout.is_some_and(|d| !d.0.is_zero() && d.0 != Duration::from_secs(3600)),
-        conntrack,
-    );
-    field("conntrack.tcpBeLiberal", c.conntrack.tcp_be_liberal, conntrack);
-    field("conntrack.udpTimeout", !c.conntrack.udp_timeout.0.is_zero(), conntrack);
-    field("conntrack.udpStreamTimeout", !c.conntrack.udp_stream_timeout.0.is_zero(), conntrack);
     out
 }
 

@@ -75,6 +75,7 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     effective.apply_oom_score_adj();
+    effective.apply_conntrack();
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing the signal handler")?;

@@ -233,3 +233,43 @@ fn proxy_writes_the_configuration_and_exits_without_touching_the_node() {
     assert!(text.lines().any(|l| l == "kind: KubeProxyConfiguration"), "{text}");
     assert!(text.lines().any(|l| l == "mode: ipvs"), "{text}");
 }
+
+/// A short `proxy` run in a lab node of its own: the file's conntrack timeouts land in the
+/// node's network namespace, its oomScoreAdj on the process (a positive one: lowering it
+/// needs CAP_SYS_RESOURCE, which a container may lack), and the node gets synced.
+#[test]
+fn a_short_proxy_run_applies_the_files_settings_in_its_own_network_namespace() {
+    if !svcplane_testbed::can_run_real_kernel_tests("a_short_proxy_run_applies_the_files_settings") {
+        return;
+    }
+    let sandbox = svcplane_testbed::Lab::builder().nodes(1).build().expect("a one-node lab");
+    let node = sandbox.node(1).namespace_name().to_owned();
+    let (_dir, config) = config_file(&format!(
+        "{HEADER}mode: nftables\nclusterCIDR: 198.18.128.0/17\noomScoreAdj: 321\n\
+         nftables:\n  minSyncPeriod: 100ms\nconntrack:\n  tcpEstablishedTimeout: 2h0m0s\n  udpTimeout: 41s\n"
+    ));
+    let script = format!(
+        "{bin} proxy --manifests {lab_dir} --service-cidr {SERVICE_CIDR} --config {config} --hostname-override=node1 \
+         2>proxy.log & pid=$!; \
+         for i in $(seq 50); do grep -q synced proxy.log && break; sleep 0.1; done; \
+         echo oom=$(cat /proc/$pid/oom_score_adj); kill -TERM $pid; wait $pid; echo exit=$?; \
+         echo established=$(cat /proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established); \
+         echo udp=$(cat /proc/sys/net/netfilter/nf_conntrack_udp_timeout); cat proxy.log",
+        bin = env!("CARGO_BIN_EXE_svcplane"),
+        lab_dir = lab().display(),
+        config = config.display(),
+    );
+    let work = tempfile::tempdir().unwrap();
+    let output = sandbox
+        .command(&node, &["sh", "-c", script.as_str()])
+        .expect("a command in the lab node")
+        .current_dir(work.path())
+        .output()
+        .expect("running svcplane proxy in the lab node");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    for line in ["oom=321", "exit=0", "established=7200", "udp=41"] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing from\n{text}");
+    }
+    assert!(text.contains("synced"), "{text}");
+    assert!(!text.contains(" WARN "), "{text}");
+}
