@@ -238,8 +238,9 @@ pub struct KubeProxyFlags {
     pub ignored: IgnoredKubeProxyFlags,
 }
 
-/// kube-proxy flags that mean nothing to svcplane: accepted so a DaemonSet's arguments
-/// work, each named in one warning.
+/// The rest of kube-proxy's flags, hidden: accepted so a DaemonSet's arguments work. The
+/// conntrack timeout flags are applied like the file's `conntrack` fields; every other one
+/// means nothing to svcplane and is named in one warning.
 #[derive(Debug, Clone, Default, Args)]
 pub struct IgnoredKubeProxyFlags {
     #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
@@ -309,19 +310,15 @@ pub struct IgnoredKubeProxyFlags {
 }
 
 impl IgnoredKubeProxyFlags {
-    /// The flags given, as `--name`, in kube-proxy's order.
+    /// The flags given that svcplane does not apply, as `--name`, in kube-proxy's order
+    /// (the conntrack timeout flags are applied: not listed).
     pub fn given(&self) -> Vec<&'static str> {
-        let all: [(&'static str, bool); 32] = [
+        let all: [(&'static str, bool); 27] = [
             ("--masquerade-all", self.masquerade_all.is_some()),
             ("--iptables-masquerade-bit", self.iptables_masquerade_bit.is_some()),
             ("--iptables-localhost-nodeports", self.iptables_localhost_nodeports.is_some()),
             ("--conntrack-max-per-core", self.conntrack_max_per_core.is_some()),
             ("--conntrack-min", self.conntrack_min.is_some()),
-            ("--conntrack-tcp-timeout-established", self.conntrack_tcp_timeout_established.is_some()),
-            ("--conntrack-tcp-timeout-close-wait", self.conntrack_tcp_timeout_close_wait.is_some()),
-            ("--conntrack-tcp-be-liberal", self.conntrack_tcp_be_liberal.is_some()),
-            ("--conntrack-udp-timeout", self.conntrack_udp_timeout.is_some()),
-            ("--conntrack-udp-timeout-stream", self.conntrack_udp_timeout_stream.is_some()),
             ("--profiling", self.profiling.is_some()),
             ("--feature-gates", self.feature_gates.is_some()),
             ("--detect-local-mode", self.detect_local_mode.is_some()),

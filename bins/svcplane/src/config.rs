@@ -815,6 +815,40 @@ impl EffectiveConfig {
                 *field = GoDuration(parse_flag_duration(flag, value)?);
             }
         }
+        let ignored = &flags.ignored;
+        for (flag, value, field) in [
+            (
+                "--conntrack-tcp-timeout-established",
+                &ignored.conntrack_tcp_timeout_established,
+                &mut config.conntrack.tcp_established_timeout,
+            ),
+            (
+                "--conntrack-tcp-timeout-close-wait",
+                &ignored.conntrack_tcp_timeout_close_wait,
+                &mut config.conntrack.tcp_close_wait_timeout,
+            ),
+        ] {
+            if let Some(value) = value {
+                *field = Some(GoDuration(parse_flag_duration(flag, value)?));
+            }
+        }
+        for (flag, value, field) in [
+            ("--conntrack-udp-timeout", &ignored.conntrack_udp_timeout, &mut config.conntrack.udp_timeout),
+            (
+                "--conntrack-udp-timeout-stream",
+                &ignored.conntrack_udp_timeout_stream,
+                &mut config.conntrack.udp_stream_timeout,
+            ),
+        ] {
+            if let Some(value) = value {
+                *field = GoDuration(parse_flag_duration(flag, value)?);
+            }
+        }
+        if let Some(value) = &ignored.conntrack_tcp_be_liberal {
+            config.conntrack.tcp_be_liberal = value
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--conntrack-tcp-be-liberal: {value:?} is not true or false"))?;
+        }
         Ok(config)
     }
 
@@ -1102,6 +1136,12 @@ fn flags_config_overrides(args: &ProxyArgs) -> Vec<&'static str> {
     check("--ipvs-tcp-timeout", args.ipvs_tcp_timeout_flag.is_some());
     check("--ipvs-tcpfin-timeout", args.ipvs_tcpfin_timeout_flag.is_some());
     check("--ipvs-udp-timeout", args.ipvs_udp_timeout_flag.is_some());
+    let ignored = &f.ignored;
+    check("--conntrack-tcp-timeout-established", ignored.conntrack_tcp_timeout_established.is_some());
+    check("--conntrack-tcp-timeout-close-wait", ignored.conntrack_tcp_timeout_close_wait.is_some());
+    check("--conntrack-tcp-be-liberal", ignored.conntrack_tcp_be_liberal.is_some());
+    check("--conntrack-udp-timeout", ignored.conntrack_udp_timeout.is_some());
+    check("--conntrack-udp-timeout-stream", ignored.conntrack_udp_timeout_stream.is_some());
     given.extend(f.ignored.given());
     given
 }
@@ -1112,7 +1152,7 @@ fn flag_reason(flag: &str) -> &'static str {
         "--masquerade-all" => "svcplane masquerades by its own rules (off-cluster sources, hairpin)",
         "--iptables-masquerade-bit" => "svcplane's rules keep their own mark",
         "--iptables-localhost-nodeports" => "svcplane never answers NodePorts on loopback",
-        f if f.starts_with("--conntrack-") => "svcplane leaves the node's conntrack settings as they are",
+        f if f.starts_with("--conntrack-") => "nf_conntrack_max is node-wide and svcplane leaves it as it is",
         "--profiling" => "svcplane serves no pprof",
         "--feature-gates" => "svcplane has no feature gates",
         "--detect-local-mode" | "--pod-bridge-interface" | "--pod-interface-name-prefix" => {
@@ -1356,6 +1396,7 @@ mod tests {
             "--bind-address-hard-fail",
             "--masquerade-all",
             "--conntrack-max-per-core=0",
+            "--conntrack-tcp-timeout-close-wait=30m",
             "--detect-local-mode=ClusterCIDR",
             "--v=2",
         ]))
@@ -1369,6 +1410,8 @@ mod tests {
         assert_eq!(effective.min_sync_period, Duration::from_millis(500));
         assert_eq!(effective.oom_score_adj, -998);
         assert!(effective.bind_address_hard_fail);
+        let close_wait = effective.kube_proxy.conntrack.tcp_close_wait_timeout;
+        assert_eq!(close_wait, Some(GoDuration(Duration::from_secs(30 * 60))));
         let names: Vec<_> = effective.warnings.iter().map(|w| w.split(' ').next().unwrap()).collect();
         assert_eq!(names, vec!["--masquerade-all", "--conntrack-max-per-core", "-v/--v"], "{:?}", effective.warnings);
     }
