@@ -118,7 +118,7 @@ impl SourceArgs {
 
 /// `proxy` and `render`. Flags that kube-proxy also has keep its names (or are aliases of
 /// ours), so a kube-proxy DaemonSet's arguments work unchanged; how they combine with
-/// `--config` is [`crate::config::EffectiveConfig::resolve`]'s (kube-proxy's precedence:
+/// `--config` is `EffectiveConfig::resolve`'s (kube-proxy's precedence:
 /// the file wins, but for `--hostname-override` / `--node-name` and logging).
 #[derive(Debug, Clone, Args)]
 pub struct ProxyArgs {

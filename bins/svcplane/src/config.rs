@@ -761,8 +761,8 @@ impl EffectiveConfig {
         if let Some(path) = &args.source.kubeconfig {
             config.client_connection.kubeconfig = path.display().to_string();
         }
-        if let Some(name) = &args.node_name_flag {
-            config.hostname_override = name.clone();
+        if let Some(name) = args.node_name_flag.as_deref().filter(|name| !name.is_empty()) {
+            config.hostname_override = name.to_owned();
         }
         if let Some(value) = &flags.healthz_bind_address {
             parse_bind_address(value, HEALTHZ_PORT).map_err(|r| anyhow::anyhow!("--healthz-bind-address: {r}"))?;
@@ -858,7 +858,8 @@ impl EffectiveConfig {
         let mode = parse_mode(&config.mode).map_err(|reason| anyhow::anyhow!("mode: {reason}"))?;
         // --hostname-override / --node-name win over the file, as kube-proxy's
         // --hostname-override does.
-        if let Some(name) = &args.node_name_flag {
+        // An empty flag is no flag, as kube-proxy's `--hostname-override=""`.
+        if let Some(name) = args.node_name_flag.as_deref().filter(|name| !name.is_empty()) {
             let name = name.trim();
             if name.is_empty() {
                 bail!("--hostname-override: an empty node name is invalid");
