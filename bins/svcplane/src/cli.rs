@@ -198,12 +198,12 @@ pub struct ProxyArgs {
 /// svcplane applies, then (hidden) the ones it accepts and warns about, one warning each.
 #[derive(Debug, Clone, Default, Args)]
 pub struct KubeProxyFlags {
-    /// Health server address, `IP:PORT` or `IP` (port 10256); empty disables it
-    /// (default 0.0.0.0:10256).
+    /// Where `/healthz` and `/livez` answer: `IP:PORT` or `IP` (port 10256); empty: no
+    /// healthz server (default 0.0.0.0:10256).
     #[arg(long, value_name = "IP:PORT")]
     pub healthz_bind_address: Option<String>,
-    /// Metrics server address, `IP:PORT` or `IP` (port 10249); empty disables it
-    /// (default 127.0.0.1:10249).
+    /// Where `/metrics`, `/proxyMode` and `/configz` answer: `IP:PORT` or `IP` (port
+    /// 10249); empty: no metrics server (default 127.0.0.1:10249).
     #[arg(long, value_name = "IP:PORT")]
     pub metrics_bind_address: Option<String>,
     /// Deprecated in kube-proxy: the health server's port (0 disables it).
@@ -212,7 +212,7 @@ pub struct KubeProxyFlags {
     /// Deprecated in kube-proxy: the metrics server's port (0 disables it).
     #[arg(long, value_name = "PORT", hide = true)]
     pub metrics_port: Option<u16>,
-    /// Exit when the health or metrics server cannot bind its port.
+    /// Exit when a healthz or metrics server cannot bind (default: log it and run on).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub bind_address_hard_fail: Option<bool>,
     /// Longest time between full resyncs, a duration like `30s` or `1m0s` (default 30s).

@@ -22,7 +22,6 @@ use crate::cli::{Mode, ProxyArgs};
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
 pub const KIND: &str = "KubeProxyConfiguration";
 /// The key `/configz` serves kube-proxy's configuration under.
-#[allow(dead_code)] // served by the metrics server once it is wired in
 pub const CONFIGZ_GROUP: &str = "kubeproxy.config.k8s.io";
 
 const HEALTHZ_PORT: u16 = 10256;
@@ -996,7 +995,6 @@ impl EffectiveConfig {
     /// What kube-proxy's `/configz` serves: `{"kubeproxy.config.k8s.io": {...}}`, the
     /// configuration in kube-proxy's internal shape (Go field names, sync periods at the
     /// top, the pod network as a list).
-    #[allow(dead_code)] // served by the metrics server once it is wired in
     pub fn to_configz_json(&self) -> serde_json::Value {
         use serde_json::json;
         let c = &self.kube_proxy;

@@ -12,7 +12,7 @@ use tracing::info;
 
 use crate::cli::{CleanupArgs, ProxyArgs};
 use crate::config::EffectiveConfig;
-use crate::{feeds, modes};
+use crate::{feeds, modes, ops};
 
 /// The plan settings of the effective configuration.
 pub fn node_config(effective: &EffectiveConfig, args: &ProxyArgs) -> anyhow::Result<NodeConfig> {
@@ -81,9 +81,12 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing the signal handler")?;
     }
     let config = node_config(&effective, args)?;
+    let dataplane = modes::dataplane(args)?;
+    let ops = ops::start(&ops_settings(&effective), &effective.node_name, dataplane.mode())?;
     let settings = LoopSettings { min_sync_interval: effective.min_sync_period, ..LoopSettings::default() };
-    let mut sync =
-        SyncLoop::new(config, modes::dataplane(args)?, settings).with_hook(Box::new(HealthServers::default()));
+    let mut sync = SyncLoop::new(config, dataplane, settings)
+        .with_hook(Box::new(HealthServers::default()))
+        .with_hook(Box::new(ops.feed));
     if modes::uses_kernel_conntrack(args.mode) {
         sync = sync.with_hook(Box::new(StaleUdpCleanup::default()));
     }
@@ -93,8 +96,21 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
     stop.store(true, Ordering::Relaxed);
     drop(feed);
     let _ = feeding.join();
+    drop(ops.servers);
     info!("stopped; the rules stay in place (`svcplane cleanup` removes them)");
     Ok(())
+}
+
+/// The healthz and metrics servers' settings from the effective configuration: as
+/// kube-proxy's `/healthz`, a change waiting longer than twice the sync period is stale.
+fn ops_settings(effective: &EffectiveConfig) -> ops::OpsSettings {
+    ops::OpsSettings {
+        healthz: effective.healthz_bind_address,
+        metrics: effective.metrics_bind_address,
+        hard_fail: effective.bind_address_hard_fail,
+        health_timeout: 2 * effective.sync_period,
+        configz_json: effective.to_configz_json().to_string(),
+    }
 }
 
 /// Prints what `proxy` would program from scratch, touching nothing.
