@@ -236,7 +236,8 @@ fn proxy_writes_the_configuration_and_exits_without_touching_the_node() {
 
 /// A short `proxy` run in a lab node of its own: the file's conntrack timeouts land in the
 /// node's network namespace, its oomScoreAdj on the process (a positive one: lowering it
-/// needs CAP_SYS_RESOURCE, which a container may lack), and the node gets synced.
+/// needs CAP_SYS_RESOURCE, which a container may lack), its metrics address serves the
+/// effective configuration on `/configz`, and the node gets synced.
 #[test]
 fn a_short_proxy_run_applies_the_files_settings_in_its_own_network_namespace() {
     if !svcplane_testbed::can_run_real_kernel_tests("a_short_proxy_run_applies_the_files_settings") {
@@ -244,32 +245,63 @@ fn a_short_proxy_run_applies_the_files_settings_in_its_own_network_namespace() {
     }
     let sandbox = svcplane_testbed::Lab::builder().nodes(1).build().expect("a one-node lab");
     let node = sandbox.node(1).namespace_name().to_owned();
-    let (_dir, config) = config_file(&format!(
+    let (dir, config) = config_file(&format!(
         "{HEADER}mode: nftables\nclusterCIDR: 198.18.128.0/17\noomScoreAdj: 321\n\
+         metricsBindAddress: 127.0.0.1:10311\nhealthzBindAddress: 127.0.0.1:10312\n\
          nftables:\n  minSyncPeriod: 100ms\nconntrack:\n  tcpEstablishedTimeout: 2h0m0s\n  udpTimeout: 41s\n"
     ));
-    let script = format!(
-        "{bin} proxy --manifests {lab_dir} --service-cidr {SERVICE_CIDR} --config {config} --hostname-override=node1 \
-         2>proxy.log & pid=$!; \
-         for i in $(seq 50); do grep -q synced proxy.log && break; sleep 0.1; done; \
-         echo oom=$(cat /proc/$pid/oom_score_adj); kill -TERM $pid; wait $pid; echo exit=$?; \
-         echo established=$(cat /proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established); \
-         echo udp=$(cat /proc/sys/net/netfilter/nf_conntrack_udp_timeout); cat proxy.log",
-        bin = env!("CARGO_BIN_EXE_svcplane"),
-        lab_dir = lab().display(),
-        config = config.display(),
-    );
-    let work = tempfile::tempdir().unwrap();
-    let output = sandbox
-        .command(&node, &["sh", "-c", script.as_str()])
+    let log_path = dir.path().join("proxy.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let lab_dir = lab();
+    let args = [
+        env!("CARGO_BIN_EXE_svcplane"),
+        "proxy",
+        "--manifests",
+        lab_dir.to_str().unwrap(),
+        "--service-cidr",
+        SERVICE_CIDR,
+        "--config",
+        config.to_str().unwrap(),
+        "--hostname-override=node1",
+    ];
+    let mut proxy = sandbox
+        .command(&node, &args)
         .expect("a command in the lab node")
-        .current_dir(work.path())
-        .output()
-        .expect("running svcplane proxy in the lab node");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    for line in ["oom=321", "exit=0", "established=7200", "udp=41"] {
-        assert!(text.lines().any(|l| l == line), "{line:?} missing from\n{text}");
+        .stderr(log.try_clone().unwrap())
+        .stdout(log)
+        .spawn()
+        .expect("starting svcplane proxy in the lab node");
+    let log_text = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let started = std::time::Instant::now();
+    while !log_text().contains("synced") && started.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    let configz = svcplane_testbed::run_in_namespace(&node, || {
+        svcplane_ops::http::get("127.0.0.1:10311".parse().unwrap(), "/configz")
+    });
+    // `ip netns exec` execs the proxy: the child is the proxy itself.
+    let oom = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", proxy.id()));
+    let sysctl = |name: &str| {
+        sandbox
+            .exec_ok(&node, &["cat", &format!("/proc/sys/net/netfilter/{name}")])
+            .map(|text| text.trim().to_owned())
+            .unwrap_or_else(|error| panic!("{name}: {error}"))
+    };
+    let (established, udp) = (sysctl("nf_conntrack_tcp_timeout_established"), sysctl("nf_conntrack_udp_timeout"));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(proxy.id() as i32), nix::sys::signal::Signal::SIGTERM).ok();
+    let status = proxy.wait().expect("the proxy exits");
+    let text = log_text();
     assert!(text.contains("synced"), "{text}");
     assert!(!text.contains(" WARN "), "{text}");
+    assert!(status.success(), "{status}: {text}");
+    assert_eq!((established.as_str(), udp.as_str()), ("7200", "41"), "{text}");
+    assert_eq!(oom.map(|o| o.trim().to_owned()).ok().as_deref(), Some("321"), "{text}");
+    let (code, _, body) = configz.expect("namespace").expect("GET /configz");
+    assert_eq!(code, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).expect("/configz is JSON");
+    let inner = &json["kubeproxy.config.k8s.io"];
+    assert_eq!(inner["Mode"], "nftables", "{body}");
+    assert_eq!(inner["MinSyncPeriod"], "100ms", "{body}");
+    assert_eq!(inner["Linux"]["OOMScoreAdj"], 321, "{body}");
+    assert_eq!(inner["DetectLocal"]["ClusterCIDRs"][0], "198.18.128.0/17", "{body}");
 }
