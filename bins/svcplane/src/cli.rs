@@ -192,6 +192,18 @@ pub struct ProxyArgs {
     pub kube_proxy: KubeProxyFlags,
     #[command(flatten)]
     pub ebpf: EbpfArgs,
+    /// Count new connections per endpoint in nftables mode (`--nft-counters=false`: rules
+    /// without `counter`, and `top`, `/status` and the endpoint metrics show nothing).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub nft_counters: bool,
+    /// Endpoint connection counters exported on `/metrics` as
+    /// `svcplane_endpoint_connections_total` (the busiest N; the rest summed in one series).
+    /// 0 turns the export off: each scrape then reads no kernel counters.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub metrics_max_endpoint_series: usize,
+    /// Endpoint counters shown on the `/status` page (the busiest N).
+    #[arg(long, value_name = "N", default_value_t = svcplane_core::counters::DEFAULT_MAX_SERIES)]
+    pub status_max_series: usize,
 }
 
 /// kube-proxy's flags (v1.36) beyond the ones `ProxyArgs` shares with svcplane: the ones

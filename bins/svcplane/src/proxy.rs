@@ -82,11 +82,13 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
     }
     let config = node_config(&effective, args)?;
     let dataplane = modes::dataplane(args)?;
-    let ops = ops::start(&ops_settings(&effective), &effective.node_name, dataplane.mode())?;
+    let counters = counter_reader(args);
+    let ops = ops::start(&ops_settings(&effective, args), &effective.node_name, dataplane.mode(), counters)?;
     let settings = LoopSettings { min_sync_interval: effective.min_sync_period, ..LoopSettings::default() };
     let mut sync = SyncLoop::new(config, dataplane, settings)
         .with_hook(Box::new(HealthServers::default()))
-        .with_hook(Box::new(ops.feed));
+        .with_hook(Box::new(ops.feed))
+        .with_hook(Box::new(ops.status));
     if modes::uses_kernel_conntrack(args.mode) {
         sync = sync.with_hook(Box::new(StaleUdpCleanup::default()));
     }
@@ -103,14 +105,26 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
 
 /// The healthz and metrics servers' settings from the effective configuration: as
 /// kube-proxy's `/healthz`, a change waiting longer than twice the sync period is stale.
-fn ops_settings(effective: &EffectiveConfig) -> ops::OpsSettings {
+fn ops_settings(effective: &EffectiveConfig, args: &ProxyArgs) -> ops::OpsSettings {
     ops::OpsSettings {
         healthz: effective.healthz_bind_address,
         metrics: effective.metrics_bind_address,
         hard_fail: effective.bind_address_hard_fail,
         health_timeout: 2 * effective.sync_period,
         configz_json: effective.to_configz_json().to_string(),
+        metrics_max_endpoint_series: args.metrics_max_endpoint_series,
+        status_max_series: args.status_max_series,
     }
+}
+
+/// Reads the kernel's counters apart from the sync loop's dataplane, so a page view or a
+/// scrape never waits for a sync (nor a sync for them).
+fn counter_reader(args: &ProxyArgs) -> Option<svcplane_ops::status::CounterReader> {
+    if args.mode == crate::cli::Mode::Nftables && !args.nft_counters {
+        return None;
+    }
+    let mut reader = modes::for_counters(args.mode, args.iptables_backend, &args.ebpf.bpf_root);
+    Some(Box::new(move || reader.counters().map_err(|error| error.to_string())))
 }
 
 /// Prints what `proxy` would program from scratch, touching nothing.
