@@ -1,6 +1,7 @@
 //! `svcplane`: one binary, subcommands. Wiring only: every decision lives in the crates.
 
 mod cli;
+mod config;
 mod controller;
 mod dns;
 mod explain;

@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use svcplane_ops::http::Server;
 use svcplane_ops::status::{CounterReader, StatusBoard, StatusFeed, counter_metrics, status_routes};
 use svcplane_ops::{ExtraMetrics, OpsFeed, ProxyHealth, healthz_routes, metrics_routes, proxy_registry, start_or_warn};
@@ -34,14 +33,6 @@ pub struct OpsSettings {
     pub metrics_max_endpoint_series: usize,
     /// Endpoint counters on `/status`.
     pub status_max_series: usize,
-}
-
-/// `""` means "no server", as in kube-proxy's configuration.
-pub fn bind_address(flag: &str, value: &str) -> anyhow::Result<Option<SocketAddr>> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    value.parse().map(Some).with_context(|| format!("{flag}: {value:?} is not an IP:PORT"))
 }
 
 /// `counters` reads the mode's kernel counters, for `/status` and `/metrics`.
