@@ -158,6 +158,15 @@ pub struct ProxyArgs {
     pub ipvs_udp_timeout: u32,
     #[command(flatten)]
     pub ebpf: EbpfArgs,
+    /// Where `/healthz` and `/livez` answer, as kube-proxy's (empty: no healthz server).
+    #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10256")]
+    pub healthz_bind_address: String,
+    /// Where `/metrics`, `/proxyMode` and `/configz` answer (empty: no metrics server).
+    #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: String,
+    /// Exit when a healthz or metrics server cannot bind (default: log it and run on).
+    #[arg(long)]
+    pub bind_address_hard_fail: bool,
 }
 
 /// Where `--mode ebpf` pins its BPF objects and which processes it balances.

@@ -7,6 +7,7 @@ mod explain;
 mod feeds;
 mod lab;
 mod modes;
+mod ops;
 mod proxy;
 mod top;
 

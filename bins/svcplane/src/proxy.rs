@@ -11,7 +11,7 @@ use svcplane_sync::{HealthServers, LoopSettings, StaleUdpCleanup, SyncLoop};
 use tracing::info;
 
 use crate::cli::{CleanupArgs, ProxyArgs};
-use crate::{feeds, modes};
+use crate::{feeds, modes, ops};
 
 pub fn node_config(args: &ProxyArgs) -> anyhow::Result<NodeConfig> {
     node_config_of(&args.node_name, &args.node_ips, &args.cluster_cidrs, &args.nodeport_addresses)
@@ -54,8 +54,11 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing the signal handler")?;
     }
     let config = node_config(args)?;
-    let mut sync = SyncLoop::new(config, modes::dataplane(args)?, LoopSettings::default())
-        .with_hook(Box::new(HealthServers::default()));
+    let dataplane = modes::dataplane(args)?;
+    let ops = ops::start(&ops_settings(args)?, &args.node_name, dataplane.mode())?;
+    let mut sync = SyncLoop::new(config, dataplane, LoopSettings::default())
+        .with_hook(Box::new(HealthServers::default()))
+        .with_hook(Box::new(ops.feed));
     if modes::uses_kernel_conntrack(args.mode) {
         sync = sync.with_hook(Box::new(StaleUdpCleanup::default()));
     }
@@ -65,8 +68,22 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
     stop.store(true, Ordering::Relaxed);
     drop(feed);
     let _ = feeding.join();
+    drop(ops.servers);
     info!("stopped; the rules stay in place (`svcplane cleanup` removes them)");
     Ok(())
+}
+
+/// kube-proxy's default sync period: the healthz timeout is twice it.
+const SYNC_PERIOD: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn ops_settings(args: &ProxyArgs) -> anyhow::Result<ops::OpsSettings> {
+    Ok(ops::OpsSettings {
+        healthz: ops::bind_address("--healthz-bind-address", &args.healthz_bind_address)?,
+        metrics: ops::bind_address("--metrics-bind-address", &args.metrics_bind_address)?,
+        hard_fail: args.bind_address_hard_fail,
+        health_timeout: 2 * SYNC_PERIOD,
+        configz_json: "{}".to_owned(),
+    })
 }
 
 /// Prints what `proxy` would program from scratch, touching nothing.
