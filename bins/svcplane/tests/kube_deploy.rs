@@ -405,6 +405,24 @@ fn the_proxy_syncs_a_node_on_its_service_accounts_token_and_the_in_cluster_confi
     }
     check_running().expect("the proxy still runs");
 
+    // The DaemonSet's probes, as the kubelet sends them: to the Pod's address, which the
+    // host network makes the node's.
+    for probe in ["livenessProbe", "readinessProbe"] {
+        let get = &container[probe]["httpGet"];
+        let url = format!("http://{}:{}{}", node.ip_v4(), get["port"], get["path"].as_str().expect("a probe path"));
+        let answered = eventually(SYNCED_WITHIN, || {
+            let code = kube
+                .lab
+                .exec_ok(
+                    node.namespace_name(),
+                    &["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2", &url],
+                )
+                .unwrap_or_default();
+            (code.trim() == "200").then_some(())
+        });
+        assert!(answered.is_some(), "{probe}: {url} does not answer 200\nproxy log:\n{}", log_tail(&log));
+    }
+
     // The same token is refused what the proxy's role does not grant.
     let client = proxy.client();
     let calls = vec![
