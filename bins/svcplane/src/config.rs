@@ -754,6 +754,14 @@ impl EffectiveConfig {
             config.mode = String::new();
         }
         config.cluster_cidr = args.cluster_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+        for value in &args.nodeport_addresses {
+            if value == "primary" && args.nodeport_addresses.len() > 1 {
+                bail!("--nodeport-addresses: `primary` cannot be combined with CIDRs");
+            }
+            if value != "primary" && value.parse::<IpNet>().is_err() {
+                bail!("--nodeport-addresses: {value:?} is not a CIDR or `primary`");
+            }
+        }
         if !args.nodeport_addresses.is_empty() {
             config.node_port_addresses = Some(args.nodeport_addresses.clone());
         }
@@ -798,8 +806,20 @@ impl EffectiveConfig {
         if sync.is_some_and(|s| s.is_zero()) {
             bail!("--sync-period: must be greater than 0");
         }
+        let (_, default_sync, default_min) = config.sync_section(mode);
+        let (effective_sync, effective_min) = (sync.unwrap_or(default_sync.0), min_sync.unwrap_or(default_min.0));
+        if effective_sync < effective_min {
+            bail!(
+                "--sync-period: {} must be at least --min-sync-period ({})",
+                format_go_duration(effective_sync),
+                format_go_duration(effective_min)
+            );
+        }
         config.set_sync_periods(mode, sync, min_sync);
         if let Some(adj) = flags.oom_score_adj {
+            if !(-1000..=1000).contains(&adj) {
+                bail!("--oom-score-adj: {adj} is not within -1000..=1000");
+            }
             config.oom_score_adj = Some(adj);
         }
         if let Some(scheduler) = &args.ipvs_scheduler_flag {
@@ -1413,6 +1433,26 @@ mod tests {
         assert_eq!(close_wait, Some(GoDuration(Duration::from_secs(30 * 60))));
         let names: Vec<_> = effective.warnings.iter().map(|w| w.split(' ').next().unwrap()).collect();
         assert_eq!(names, vec!["--masquerade-all", "--conntrack-max-per-core", "-v/--v"], "{:?}", effective.warnings);
+    }
+
+    #[test]
+    fn bad_flag_values_name_the_flag() {
+        for (flags, expected) in [
+            (&["--nodeport-addresses=everywhere"][..], "--nodeport-addresses: \"everywhere\""),
+            (
+                &["--sync-period=1s", "--min-sync-period=2s"][..],
+                "--sync-period: 1s must be at least --min-sync-period (2s)",
+            ),
+            (&["--oom-score-adj=-1001"][..], "--oom-score-adj: -1001"),
+            (&["--min-sync-period=1x"][..], "--min-sync-period: \"1x\" is not a duration"),
+            (&["--mode=userspace"][..], "--mode: \"userspace\" is not a proxy mode"),
+            (&["--healthz-bind-address=localhost:1"][..], "--healthz-bind-address: \"localhost:1\""),
+        ] {
+            let mut all = vec!["--node-name=n"];
+            all.extend_from_slice(flags);
+            let error = EffectiveConfig::resolve_quietly(&args(&all)).unwrap_err();
+            assert!(format!("{error:#}").contains(expected), "{flags:?}: {error:#}");
+        }
     }
 
     #[test]
