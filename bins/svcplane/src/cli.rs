@@ -3,6 +3,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ipnet::IpNet;
@@ -480,6 +481,72 @@ pub struct ControllerArgs {
     /// this controller owns (kube-controller-manager's is `endpointslice-controller.k8s.io`).
     #[arg(long, value_name = "VALUE", default_value = svcplane_controller::MANAGED_BY)]
     pub managed_by: String,
+    /// With `--kubeconfig`: run only while holding the leader election Lease, so that of
+    /// several replicas one writes (kube-controller-manager's flag). `--leader-elect=false`
+    /// runs at once, alone.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub leader_elect: bool,
+    /// How long followers wait after the Lease last changed before taking it over.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it gives up (and exits 1).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// How often the leader renews and followers try to take the Lease.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
+    /// The namespace of the Lease.
+    #[arg(long, value_name = "NAMESPACE", default_value = "kube-system")]
+    pub leader_elect_resource_namespace: String,
+    /// The name of the Lease.
+    #[arg(long, value_name = "NAME", default_value = "svcplane-controller")]
+    pub leader_elect_resource_name: String,
+    /// With `--kubeconfig`: where to serve `/metrics` (plain HTTP). Port 0 picks a free port,
+    /// printed on standard output as `metrics on ADDR:PORT`; an empty value serves none.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:10268", value_parser = parse_optional_address)]
+    pub metrics_bind_address: MetricsAddress,
+}
+
+/// `--metrics-bind-address`: an address, or none when given empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsAddress(pub Option<SocketAddr>);
+
+/// A Go-style duration as kube-controller-manager's flags take: `15s`, `500ms`, `1m`, `1h`,
+/// or combinations such as `1m30s`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?} is not a duration such as 15s, 500ms or 1m30s");
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+        let (number, tail) = rest.split_at(digits);
+        let value: f64 = number.parse().map_err(|_| bad())?;
+        let unit_len = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let seconds = match unit {
+            "ms" => value / 1000.0,
+            "s" => value,
+            "m" => value * 60.0,
+            "h" => value * 3600.0,
+            _ => return Err(bad()),
+        };
+        total += Duration::try_from_secs_f64(seconds).map_err(|_| bad())?;
+        rest = tail;
+    }
+    Ok(total)
+}
+
+fn parse_optional_address(text: &str) -> Result<MetricsAddress, String> {
+    if text.is_empty() {
+        return Ok(MetricsAddress(None));
+    }
+    text.parse()
+        .map(|a| MetricsAddress(Some(a)))
+        .map_err(|_| format!("{text:?} is not ADDRESS:PORT ([v6]:PORT for IPv6), or empty for none"))
 }
 
 #[derive(Debug, Clone, Args)]
@@ -574,6 +641,15 @@ mod tests {
         assert_eq!(parse_upstream("[::1]:5353"), Ok("[::1]:5353".parse().unwrap()));
         assert_eq!(parse_upstream("::1"), Ok("[::1]:53".parse().unwrap()));
         assert!(parse_upstream("dns.example").is_err());
+    }
+
+    #[test]
+    fn leader_election_durations_are_written_as_kube_controller_manager_takes_them() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("15").unwrap_err().contains("not a duration"));
+        assert!(parse_duration("").is_err());
     }
 
     #[test]
