@@ -195,7 +195,12 @@ fn ms(d: Duration) -> String {
 }
 
 /// p50 and p99 of `count` GETs of `path`, each a new connection, from the node.
-fn scrape_latency(proxy: &Proxy, address: &str, path: &str, count: usize) -> anyhow::Result<(Duration, Duration, usize)> {
+fn scrape_latency(
+    proxy: &Proxy,
+    address: &str,
+    path: &str,
+    count: usize,
+) -> anyhow::Result<(Duration, Duration, usize)> {
     let address: SocketAddr = address.parse()?;
     let path = path.to_owned();
     let (mut samples, size) = run_in_namespace(&proxy.namespace, move || {
@@ -214,7 +219,12 @@ fn scrape_latency(proxy: &Proxy, address: &str, path: &str, count: usize) -> any
 
 /// Rewrites `changes` files one at a time (each moves the endpoints of its Services) and
 /// returns the mean partial sync time the proxy measured over them.
-fn partial_syncs(proxy: &Proxy, manifests: &Manifests, changes: usize, round: u32) -> anyhow::Result<(Duration, usize)> {
+fn partial_syncs(
+    proxy: &Proxy,
+    manifests: &Manifests,
+    changes: usize,
+    round: u32,
+) -> anyhow::Result<(Duration, usize)> {
     let name = "kubeproxy_sync_partial_proxy_rules_duration_seconds";
     let (sum_before, count_before) = proxy.histogram(name);
     for change in 0..changes {

@@ -406,6 +406,28 @@ pub struct VModule {
 }
 
 impl Logging {
+    /// component-base's recommended logging settings, as kube-proxy fills them in.
+    fn set_defaults(&mut self) {
+        let zero = match &self.flush_frequency {
+            None | Some(serde_json::Value::Null) => true,
+            Some(serde_json::Value::Number(n)) => n.as_f64() == Some(0.0),
+            Some(serde_json::Value::String(s)) => s.is_empty() || parse_go_duration(s).is_ok_and(|d| d.is_zero()),
+            _ => false,
+        };
+        if zero {
+            self.flush_frequency = Some(serde_json::Value::String("5s".to_owned()));
+        }
+        if self.format.as_deref().is_none_or(str::is_empty) {
+            self.format = Some("text".to_owned());
+        }
+        self.verbosity.get_or_insert(0);
+        let options = self.options.get_or_insert_with(LoggingOptions::default);
+        for format in [&mut options.json, &mut options.text] {
+            let format = format.get_or_insert_with(FormatOptions::default);
+            format.info_buffer_size.get_or_insert_with(|| serde_json::Value::String("0".to_owned()));
+        }
+    }
+
     /// The logging fields set to something other than their zero value.
     fn set_fields(&self) -> Vec<&'static str> {
         let zero = |value: &Option<serde_json::Value>| match value {
@@ -421,7 +443,13 @@ impl Logging {
         if self.format.as_deref().is_some_and(|f| !f.is_empty() && f != "text") {
             set.push("logging.format");
         }
-        if !zero(&self.flush_frequency) {
+        // kube-proxy's default is 5s (written as "5s" or in nanoseconds).
+        let default_flush = |value: &Option<serde_json::Value>| match value {
+            Some(serde_json::Value::String(s)) => s == "5s",
+            Some(serde_json::Value::Number(n)) => n.as_u64() == Some(5_000_000_000),
+            _ => false,
+        };
+        if !zero(&self.flush_frequency) && !default_flush(&self.flush_frequency) {
             set.push("logging.flushFrequency");
         }
         if self.verbosity.unwrap_or(0) != 0 {
@@ -500,6 +528,9 @@ impl KubeProxyConfiguration {
     pub fn set_defaults(&mut self) {
         self.api_version = API_VERSION.to_owned();
         self.kind = KIND.to_owned();
+        if self.detect_local_mode.is_empty() {
+            self.detect_local_mode = "ClusterCIDR".to_owned();
+        }
         if self.bind_address.is_empty() {
             self.bind_address = "0.0.0.0".to_owned();
         }
@@ -521,8 +552,8 @@ impl KubeProxyConfiguration {
             }
         }
         self.iptables.masquerade_bit.get_or_insert(DEFAULT_MASQUERADE_BIT);
-        // localhostNodePorts stays unset when unset (kube-proxy's default is true): svcplane
-        // warns only about an explicit `true`.
+        self.iptables.localhost_node_ports.get_or_insert(true);
+        self.logging.set_defaults();
         self.nftables.masquerade_bit.get_or_insert(DEFAULT_MASQUERADE_BIT);
         self.conntrack.max_per_core.get_or_insert(32 * 1024);
         self.conntrack.min.get_or_insert(128 * 1024);
@@ -1058,7 +1089,7 @@ impl EffectiveConfig {
                 "Mode": c.mode,
                 "IPTables": {
                     "MasqueradeBit": c.iptables.masquerade_bit,
-                    "LocalhostNodePorts": c.iptables.localhost_node_ports.unwrap_or(true),
+                    "LocalhostNodePorts": c.iptables.localhost_node_ports,
                 },
                 "IPVS": {
                     "Scheduler": c.ipvs.scheduler,
@@ -1224,12 +1255,12 @@ fn not_applied(c: &KubeProxyConfiguration, mode: Mode) -> Vec<String> {
     let masquerade_all_why = "svcplane masquerades by its own rules (off-cluster sources, hairpin)";
     field("iptables.masqueradeAll", c.iptables.masquerade_all, masquerade_all_why);
     field("nftables.masqueradeAll", c.nftables.masquerade_all, masquerade_all_why);
-    // kube-proxy's default is true; svcplane never answers on loopback, so only an explicit
-    // `true` in iptables mode asks for something svcplane does not do.
+    // kube-proxy's iptables mode answers NodePorts on 127.0.0.1 unless this is false (its
+    // default is true); svcplane never does.
     field(
         "iptables.localhostNodePorts",
-        mode == Mode::Iptables && c.iptables.localhost_node_ports == Some(true),
-        "svcplane never answers NodePorts on loopback",
+        mode == Mode::Iptables && c.iptables.localhost_node_ports != Some(false),
+        "svcplane never answers NodePorts on loopback (as kube-proxy with `false`)",
     );
     field(
         "ipvs.excludeCIDRs",
@@ -1341,7 +1372,9 @@ mod tests {
         assert_eq!(effective.sync_period, Duration::from_secs(30));
         assert_eq!(effective.min_sync_period, Duration::from_secs(1));
         assert_eq!(effective.oom_score_adj, -999);
-        assert!(effective.warnings.is_empty(), "{:?}", effective.warnings);
+        // kube-proxy's iptables mode would answer NodePorts on loopback; svcplane says it won't.
+        assert_eq!(effective.warnings.len(), 1, "{:?}", effective.warnings);
+        assert!(effective.warnings[0].starts_with("iptables.localhostNodePorts"), "{:?}", effective.warnings);
     }
 
     #[test]
@@ -1432,7 +1465,12 @@ mod tests {
         let close_wait = effective.kube_proxy.conntrack.tcp_close_wait_timeout;
         assert_eq!(close_wait, Some(GoDuration(Duration::from_secs(30 * 60))));
         let names: Vec<_> = effective.warnings.iter().map(|w| w.split(' ').next().unwrap()).collect();
-        assert_eq!(names, vec!["--masquerade-all", "--conntrack-max-per-core", "-v/--v"], "{:?}", effective.warnings);
+        assert_eq!(
+            names,
+            vec!["--masquerade-all", "--conntrack-max-per-core", "-v/--v", "iptables.localhostNodePorts"],
+            "{:?}",
+            effective.warnings
+        );
     }
 
     #[test]
@@ -1466,7 +1504,7 @@ mod tests {
 
     #[test]
     fn a_non_applicable_field_is_named_in_exactly_one_warning() {
-        let effective = with_file(&format!("{MINIMAL}hostnameOverride: n\nipvs:\n  strictARP: true\n"), &[]).unwrap();
+        let effective = with_file(&format!("{MINIMAL}mode: ipvs\nhostnameOverride: n\nipvs:\n  strictARP: true\n"), &[]).unwrap();
         assert_eq!(effective.warnings.len(), 1, "{:?}", effective.warnings);
         assert!(effective.warnings[0].starts_with("ipvs.strictARP is not applied"));
     }
