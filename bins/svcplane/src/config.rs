@@ -831,9 +831,32 @@ impl EffectiveConfig {
         if let Some(hard_fail) = flags.bind_address_hard_fail {
             config.bind_address_hard_fail = hard_fail;
         }
-        let sync = flags.sync_period.as_deref().map(|v| parse_flag_duration("--sync-period", v)).transpose()?;
-        let min_sync =
-            flags.min_sync_period.as_deref().map(|v| parse_flag_duration("--min-sync-period", v)).transpose()?;
+        // kube-proxy's --iptables-* periods apply to every mode but ipvs, --ipvs-* to ipvs
+        // only; svcplane's --sync-period / --min-sync-period to whichever mode runs, first.
+        let (sync_flags, min_sync_flags) = if mode == Mode::Ipvs {
+            (
+                [("--sync-period", &flags.sync_period), ("--ipvs-sync-period", &flags.ipvs_sync_period)],
+                [
+                    ("--min-sync-period", &flags.min_sync_period),
+                    ("--ipvs-min-sync-period", &flags.ipvs_min_sync_period),
+                ],
+            )
+        } else {
+            (
+                [("--sync-period", &flags.sync_period), ("--iptables-sync-period", &flags.iptables_sync_period)],
+                [
+                    ("--min-sync-period", &flags.min_sync_period),
+                    ("--iptables-min-sync-period", &flags.iptables_min_sync_period),
+                ],
+            )
+        };
+        let first = |candidates: [(&str, &Option<String>); 2]| {
+            candidates
+                .into_iter()
+                .find_map(|(flag, value)| value.as_deref().map(|value| parse_flag_duration(flag, value)))
+                .transpose()
+        };
+        let (sync, min_sync) = (first(sync_flags)?, first(min_sync_flags)?);
         if sync.is_some_and(|s| s.is_zero()) {
             bail!("--sync-period: must be greater than 0");
         }
@@ -1181,6 +1204,10 @@ fn flags_config_overrides(args: &ProxyArgs) -> Vec<&'static str> {
     check("--bind-address-hard-fail", f.bind_address_hard_fail.is_some());
     check("--sync-period", f.sync_period.is_some());
     check("--min-sync-period", f.min_sync_period.is_some());
+    check("--iptables-sync-period", f.iptables_sync_period.is_some());
+    check("--iptables-min-sync-period", f.iptables_min_sync_period.is_some());
+    check("--ipvs-sync-period", f.ipvs_sync_period.is_some());
+    check("--ipvs-min-sync-period", f.ipvs_min_sync_period.is_some());
     check("--oom-score-adj", f.oom_score_adj.is_some());
     check("--ipvs-scheduler", args.ipvs_scheduler_flag.is_some());
     check("--ipvs-tcp-timeout", args.ipvs_tcp_timeout_flag.is_some());
@@ -1474,6 +1501,19 @@ mod tests {
     }
 
     #[test]
+    fn kube_proxys_mode_specific_sync_flags_apply_to_their_modes_only() {
+        let flags = ["--node-name=n", "--iptables-sync-period=45s", "--ipvs-sync-period=50s"];
+        let nftables = EffectiveConfig::resolve_quietly(&args(&[&flags[..], &["--mode=nftables"]].concat())).unwrap();
+        assert_eq!(nftables.sync_period, Duration::from_secs(45));
+        let ipvs = EffectiveConfig::resolve_quietly(&args(&[&flags[..], &["--mode=ipvs"]].concat())).unwrap();
+        assert_eq!(ipvs.sync_period, Duration::from_secs(50));
+        let ours =
+            EffectiveConfig::resolve_quietly(&args(&[&flags[..], &["--mode=ipvs", "--sync-period=1m"]].concat()))
+                .unwrap();
+        assert_eq!(ours.sync_period, Duration::from_secs(60));
+    }
+
+    #[test]
     fn bad_flag_values_name_the_flag() {
         for (flags, expected) in [
             (&["--nodeport-addresses=everywhere"][..], "--nodeport-addresses: \"everywhere\""),
@@ -1504,7 +1544,8 @@ mod tests {
 
     #[test]
     fn a_non_applicable_field_is_named_in_exactly_one_warning() {
-        let effective = with_file(&format!("{MINIMAL}mode: ipvs\nhostnameOverride: n\nipvs:\n  strictARP: true\n"), &[]).unwrap();
+        let effective =
+            with_file(&format!("{MINIMAL}mode: ipvs\nhostnameOverride: n\nipvs:\n  strictARP: true\n"), &[]).unwrap();
         assert_eq!(effective.warnings.len(), 1, "{:?}", effective.warnings);
         assert!(effective.warnings[0].starts_with("ipvs.strictARP is not applied"));
     }
