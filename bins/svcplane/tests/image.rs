@@ -1,8 +1,8 @@
 //! The container image `scripts/image` assembles (docs/image.md): an OCI layout that is also
 //! a `docker save` archive, whose blobs are what their names say, built the same twice, and
-//! whose tools run inside it (`scripts/image --check`: a chroot, and network namespaces
-//! the check makes for loading the rendered rules; needs root, skips without it, fails
-//! without it under `SVCPLANE_REQUIRE_ROOT=1`).
+//! whose tools run inside it (`scripts/image --check`: a chroot, network namespaces the
+//! check makes for loading the rendered rules, and skopeo reading both formats; needs root,
+//! skips without it, fails without it under `SVCPLANE_REQUIRE_ROOT=1`).
 //!
 //! The image is built around this test build's own `svcplane` binary (`--binary`), so the
 //! test costs no release build of its own: what is under test is the assembly (the tools,
@@ -236,5 +236,11 @@ fn every_tool_in_the_image_runs_inside_it() {
         assert!(report.contains(&format!("ok: {command}")), "{command} did not pass:\n{report}");
     }
     assert!(report.contains("DNAT rules saved"), "{report}");
+    // skopeo (scripts/install-deps) is a reader of both formats that is none of ours.
+    if Command::new("skopeo").arg("--version").output().is_ok_and(|output| output.status.success()) {
+        for transport in ["docker-archive", "oci-archive"] {
+            assert!(report.contains(&format!("ok: skopeo reads the archive as {transport}")), "{report}");
+        }
+    }
     assert!(report.contains("dnat rules listed"), "{report}");
 }
