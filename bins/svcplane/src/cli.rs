@@ -229,12 +229,24 @@ pub struct KubeProxyFlags {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub bind_address_hard_fail: Option<bool>,
     /// Longest time between full resyncs, a duration like `30s` or `1m0s` (default 30s).
-    #[arg(long = "sync-period", visible_aliases = ["iptables-sync-period", "ipvs-sync-period"], value_name = "DURATION")]
+    #[arg(long = "sync-period", value_name = "DURATION")]
     pub sync_period: Option<String>,
     /// Shortest time between two syncs, a duration like `1s` or `500ms` (default 1s; 0:
     /// every change syncs at once).
-    #[arg(long = "min-sync-period", visible_aliases = ["iptables-min-sync-period", "ipvs-min-sync-period"], value_name = "DURATION")]
+    #[arg(long = "min-sync-period", value_name = "DURATION")]
     pub min_sync_period: Option<String>,
+    /// kube-proxy's `--sync-period` for every mode but ipvs (ignored in ipvs mode, as there).
+    #[arg(long, value_name = "DURATION", hide = true)]
+    pub iptables_sync_period: Option<String>,
+    /// kube-proxy's `--min-sync-period` for every mode but ipvs.
+    #[arg(long, value_name = "DURATION", hide = true)]
+    pub iptables_min_sync_period: Option<String>,
+    /// kube-proxy's `--sync-period` of ipvs mode (ignored in other modes, as there).
+    #[arg(long, value_name = "DURATION", hide = true)]
+    pub ipvs_sync_period: Option<String>,
+    /// kube-proxy's `--min-sync-period` of ipvs mode.
+    #[arg(long, value_name = "DURATION", hide = true)]
+    pub ipvs_min_sync_period: Option<String>,
     /// The proxy process's oom_score_adj, -1000..=1000 (default -999).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub oom_score_adj: Option<i32>,

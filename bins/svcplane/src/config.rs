@@ -406,6 +406,28 @@ pub struct VModule {
 }
 
 impl Logging {
+    /// component-base's recommended logging settings, as kube-proxy fills them in.
+    fn set_defaults(&mut self) {
+        let zero = match &self.flush_frequency {
+            None | Some(serde_json::Value::Null) => true,
+            Some(serde_json::Value::Number(n)) => n.as_f64() == Some(0.0),
+            Some(serde_json::Value::String(s)) => s.is_empty() || parse_go_duration(s).is_ok_and(|d| d.is_zero()),
+            _ => false,
+        };
+        if zero {
+            self.flush_frequency = Some(serde_json::Value::String("5s".to_owned()));
+        }
+        if self.format.as_deref().is_none_or(str::is_empty) {
+            self.format = Some("text".to_owned());
+        }
+        self.verbosity.get_or_insert(0);
+        let options = self.options.get_or_insert_with(LoggingOptions::default);
+        for format in [&mut options.json, &mut options.text] {
+            let format = format.get_or_insert_with(FormatOptions::default);
+            format.info_buffer_size.get_or_insert_with(|| serde_json::Value::String("0".to_owned()));
+        }
+    }
+
     /// The logging fields set to something other than their zero value.
     fn set_fields(&self) -> Vec<&'static str> {
         let zero = |value: &Option<serde_json::Value>| match value {
@@ -421,7 +443,13 @@ impl Logging {
         if self.format.as_deref().is_some_and(|f| !f.is_empty() && f != "text") {
             set.push("logging.format");
         }
-        if !zero(&self.flush_frequency) {
+        // kube-proxy's default is 5s (written as "5s" or in nanoseconds).
+        let default_flush = |value: &Option<serde_json::Value>| match value {
+            Some(serde_json::Value::String(s)) => s == "5s",
+            Some(serde_json::Value::Number(n)) => n.as_u64() == Some(5_000_000_000),
+            _ => false,
+        };
+        if !zero(&self.flush_frequency) && !default_flush(&self.flush_frequency) {
             set.push("logging.flushFrequency");
         }
         if self.verbosity.unwrap_or(0) != 0 {
@@ -500,6 +528,9 @@ impl KubeProxyConfiguration {
     pub fn set_defaults(&mut self) {
         self.api_version = API_VERSION.to_owned();
         self.kind = KIND.to_owned();
+        if self.detect_local_mode.is_empty() {
+            self.detect_local_mode = "ClusterCIDR".to_owned();
+        }
         if self.bind_address.is_empty() {
             self.bind_address = "0.0.0.0".to_owned();
         }
@@ -521,8 +552,8 @@ impl KubeProxyConfiguration {
             }
         }
         self.iptables.masquerade_bit.get_or_insert(DEFAULT_MASQUERADE_BIT);
-        // localhostNodePorts stays unset when unset (kube-proxy's default is true): svcplane
-        // warns only about an explicit `true`.
+        self.iptables.localhost_node_ports.get_or_insert(true);
+        self.logging.set_defaults();
         self.nftables.masquerade_bit.get_or_insert(DEFAULT_MASQUERADE_BIT);
         self.conntrack.max_per_core.get_or_insert(32 * 1024);
         self.conntrack.min.get_or_insert(128 * 1024);
@@ -754,6 +785,14 @@ impl EffectiveConfig {
             config.mode = String::new();
         }
         config.cluster_cidr = args.cluster_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+        for value in &args.nodeport_addresses {
+            if value == "primary" && args.nodeport_addresses.len() > 1 {
+                bail!("--nodeport-addresses: `primary` cannot be combined with CIDRs");
+            }
+            if value != "primary" && value.parse::<IpNet>().is_err() {
+                bail!("--nodeport-addresses: {value:?} is not a CIDR or `primary`");
+            }
+        }
         if !args.nodeport_addresses.is_empty() {
             config.node_port_addresses = Some(args.nodeport_addresses.clone());
         }
@@ -792,14 +831,49 @@ impl EffectiveConfig {
         if let Some(hard_fail) = flags.bind_address_hard_fail {
             config.bind_address_hard_fail = hard_fail;
         }
-        let sync = flags.sync_period.as_deref().map(|v| parse_flag_duration("--sync-period", v)).transpose()?;
-        let min_sync =
-            flags.min_sync_period.as_deref().map(|v| parse_flag_duration("--min-sync-period", v)).transpose()?;
+        // kube-proxy's --iptables-* periods apply to every mode but ipvs, --ipvs-* to ipvs
+        // only; svcplane's --sync-period / --min-sync-period to whichever mode runs, first.
+        let (sync_flags, min_sync_flags) = if mode == Mode::Ipvs {
+            (
+                [("--sync-period", &flags.sync_period), ("--ipvs-sync-period", &flags.ipvs_sync_period)],
+                [
+                    ("--min-sync-period", &flags.min_sync_period),
+                    ("--ipvs-min-sync-period", &flags.ipvs_min_sync_period),
+                ],
+            )
+        } else {
+            (
+                [("--sync-period", &flags.sync_period), ("--iptables-sync-period", &flags.iptables_sync_period)],
+                [
+                    ("--min-sync-period", &flags.min_sync_period),
+                    ("--iptables-min-sync-period", &flags.iptables_min_sync_period),
+                ],
+            )
+        };
+        let first = |candidates: [(&str, &Option<String>); 2]| {
+            candidates
+                .into_iter()
+                .find_map(|(flag, value)| value.as_deref().map(|value| parse_flag_duration(flag, value)))
+                .transpose()
+        };
+        let (sync, min_sync) = (first(sync_flags)?, first(min_sync_flags)?);
         if sync.is_some_and(|s| s.is_zero()) {
             bail!("--sync-period: must be greater than 0");
         }
+        let (_, default_sync, default_min) = config.sync_section(mode);
+        let (effective_sync, effective_min) = (sync.unwrap_or(default_sync.0), min_sync.unwrap_or(default_min.0));
+        if effective_sync < effective_min {
+            bail!(
+                "--sync-period: {} must be at least --min-sync-period ({})",
+                format_go_duration(effective_sync),
+                format_go_duration(effective_min)
+            );
+        }
         config.set_sync_periods(mode, sync, min_sync);
         if let Some(adj) = flags.oom_score_adj {
+            if !(-1000..=1000).contains(&adj) {
+                bail!("--oom-score-adj: {adj} is not within -1000..=1000");
+            }
             config.oom_score_adj = Some(adj);
         }
         if let Some(scheduler) = &args.ipvs_scheduler_flag {
@@ -1038,7 +1112,7 @@ impl EffectiveConfig {
                 "Mode": c.mode,
                 "IPTables": {
                     "MasqueradeBit": c.iptables.masquerade_bit,
-                    "LocalhostNodePorts": c.iptables.localhost_node_ports.unwrap_or(true),
+                    "LocalhostNodePorts": c.iptables.localhost_node_ports,
                 },
                 "IPVS": {
                     "Scheduler": c.ipvs.scheduler,
@@ -1130,6 +1204,10 @@ fn flags_config_overrides(args: &ProxyArgs) -> Vec<&'static str> {
     check("--bind-address-hard-fail", f.bind_address_hard_fail.is_some());
     check("--sync-period", f.sync_period.is_some());
     check("--min-sync-period", f.min_sync_period.is_some());
+    check("--iptables-sync-period", f.iptables_sync_period.is_some());
+    check("--iptables-min-sync-period", f.iptables_min_sync_period.is_some());
+    check("--ipvs-sync-period", f.ipvs_sync_period.is_some());
+    check("--ipvs-min-sync-period", f.ipvs_min_sync_period.is_some());
     check("--oom-score-adj", f.oom_score_adj.is_some());
     check("--ipvs-scheduler", args.ipvs_scheduler_flag.is_some());
     check("--ipvs-tcp-timeout", args.ipvs_tcp_timeout_flag.is_some());
@@ -1204,12 +1282,12 @@ fn not_applied(c: &KubeProxyConfiguration, mode: Mode) -> Vec<String> {
     let masquerade_all_why = "svcplane masquerades by its own rules (off-cluster sources, hairpin)";
     field("iptables.masqueradeAll", c.iptables.masquerade_all, masquerade_all_why);
     field("nftables.masqueradeAll", c.nftables.masquerade_all, masquerade_all_why);
-    // kube-proxy's default is true; svcplane never answers on loopback, so only an explicit
-    // `true` in iptables mode asks for something svcplane does not do.
+    // kube-proxy's iptables mode answers NodePorts on 127.0.0.1 unless this is false (its
+    // default is true); svcplane never does.
     field(
         "iptables.localhostNodePorts",
-        mode == Mode::Iptables && c.iptables.localhost_node_ports == Some(true),
-        "svcplane never answers NodePorts on loopback",
+        mode == Mode::Iptables && c.iptables.localhost_node_ports != Some(false),
+        "svcplane never answers NodePorts on loopback (as kube-proxy with `false`)",
     );
     field(
         "ipvs.excludeCIDRs",
@@ -1321,7 +1399,9 @@ mod tests {
         assert_eq!(effective.sync_period, Duration::from_secs(30));
         assert_eq!(effective.min_sync_period, Duration::from_secs(1));
         assert_eq!(effective.oom_score_adj, -999);
-        assert!(effective.warnings.is_empty(), "{:?}", effective.warnings);
+        // kube-proxy's iptables mode would answer NodePorts on loopback; svcplane says it won't.
+        assert_eq!(effective.warnings.len(), 1, "{:?}", effective.warnings);
+        assert!(effective.warnings[0].starts_with("iptables.localhostNodePorts"), "{:?}", effective.warnings);
     }
 
     #[test]
@@ -1412,7 +1492,45 @@ mod tests {
         let close_wait = effective.kube_proxy.conntrack.tcp_close_wait_timeout;
         assert_eq!(close_wait, Some(GoDuration(Duration::from_secs(30 * 60))));
         let names: Vec<_> = effective.warnings.iter().map(|w| w.split(' ').next().unwrap()).collect();
-        assert_eq!(names, vec!["--masquerade-all", "--conntrack-max-per-core", "-v/--v"], "{:?}", effective.warnings);
+        assert_eq!(
+            names,
+            vec!["--masquerade-all", "--conntrack-max-per-core", "-v/--v", "iptables.localhostNodePorts"],
+            "{:?}",
+            effective.warnings
+        );
+    }
+
+    #[test]
+    fn kube_proxys_mode_specific_sync_flags_apply_to_their_modes_only() {
+        let flags = ["--node-name=n", "--iptables-sync-period=45s", "--ipvs-sync-period=50s"];
+        let nftables = EffectiveConfig::resolve_quietly(&args(&[&flags[..], &["--mode=nftables"]].concat())).unwrap();
+        assert_eq!(nftables.sync_period, Duration::from_secs(45));
+        let ipvs = EffectiveConfig::resolve_quietly(&args(&[&flags[..], &["--mode=ipvs"]].concat())).unwrap();
+        assert_eq!(ipvs.sync_period, Duration::from_secs(50));
+        let ours =
+            EffectiveConfig::resolve_quietly(&args(&[&flags[..], &["--mode=ipvs", "--sync-period=1m"]].concat()))
+                .unwrap();
+        assert_eq!(ours.sync_period, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn bad_flag_values_name_the_flag() {
+        for (flags, expected) in [
+            (&["--nodeport-addresses=everywhere"][..], "--nodeport-addresses: \"everywhere\""),
+            (
+                &["--sync-period=1s", "--min-sync-period=2s"][..],
+                "--sync-period: 1s must be at least --min-sync-period (2s)",
+            ),
+            (&["--oom-score-adj=-1001"][..], "--oom-score-adj: -1001"),
+            (&["--min-sync-period=1x"][..], "--min-sync-period: \"1x\" is not a duration"),
+            (&["--mode=userspace"][..], "--mode: \"userspace\" is not a proxy mode"),
+            (&["--healthz-bind-address=localhost:1"][..], "--healthz-bind-address: \"localhost:1\""),
+        ] {
+            let mut all = vec!["--node-name=n"];
+            all.extend_from_slice(flags);
+            let error = EffectiveConfig::resolve_quietly(&args(&all)).unwrap_err();
+            assert!(format!("{error:#}").contains(expected), "{flags:?}: {error:#}");
+        }
     }
 
     #[test]
@@ -1426,7 +1544,8 @@ mod tests {
 
     #[test]
     fn a_non_applicable_field_is_named_in_exactly_one_warning() {
-        let effective = with_file(&format!("{MINIMAL}hostnameOverride: n\nipvs:\n  strictARP: true\n"), &[]).unwrap();
+        let effective =
+            with_file(&format!("{MINIMAL}mode: ipvs\nhostnameOverride: n\nipvs:\n  strictARP: true\n"), &[]).unwrap();
         assert_eq!(effective.warnings.len(), 1, "{:?}", effective.warnings);
         assert!(effective.warnings[0].starts_with("ipvs.strictARP is not applied"));
     }

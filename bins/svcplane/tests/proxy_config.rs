@@ -57,8 +57,11 @@ fn kubeadms_config_file_and_daemonset_arguments_are_accepted_as_they_are() {
     assert!(output.status.success(), "{}", stderr(&output));
     // kubeadm leaves `mode` empty: kube-proxy's Linux default, iptables.
     assert!(stdout(&output).contains("what `iptables-save` shows"), "{}", stdout(&output));
-    // Every field kubeadm writes is at kube-proxy's default or applied: nothing to warn about.
-    assert!(warnings(&output).is_empty(), "{:?}", warnings(&output));
+    // Every field kubeadm writes is at kube-proxy's default or applied; the one warning is
+    // that kube-proxy's iptables mode would answer NodePorts on 127.0.0.1 and svcplane won't.
+    let warnings = warnings(&output);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("iptables.localhostNodePorts is not applied"), "{warnings:?}");
 
     let dir = tempfile::tempdir().unwrap();
     let written = dir.path().join("effective.yaml");
@@ -133,7 +136,7 @@ fn a_field_svcplane_does_not_apply_is_named_in_exactly_one_warning() {
 fn kube_proxy_flags_svcplane_does_not_apply_are_accepted_with_one_warning_each() {
     let output = render(&[
         "--hostname-override=node1",
-        "--proxy-mode=iptables",
+        "--proxy-mode=nftables",
         "--cluster-cidr=198.18.128.0/17",
         "--conntrack-max-per-core=131072",
         "--oom-score-adj=-998",
@@ -304,4 +307,64 @@ fn a_short_proxy_run_applies_the_files_settings_in_its_own_network_namespace() {
     assert_eq!(inner["MinSyncPeriod"], "100ms", "{body}");
     assert_eq!(inner["Linux"]["OOMScoreAdj"], 321, "{body}");
     assert_eq!(inner["DetectLocal"]["ClusterCIDRs"][0], "198.18.128.0/17", "{body}");
+}
+
+/// kube-proxy v1.36 itself (`scripts/k8s/build`): svcplane reads the file kube-proxy's
+/// `--write-config-to` writes, and kube-proxy reads (strictly) the one svcplane writes,
+/// which svcplane then reads back to the same configuration.
+#[test]
+fn svcplane_and_kube_proxy_read_each_others_written_configuration() {
+    let Some(binaries) = svcplane_control_plane::binaries_for_test("svcplane_and_kube_proxy_read_each_others") else {
+        return;
+    };
+    let kube_proxy = binaries.require("kube-proxy").expect("scripts/k8s/build builds kube-proxy");
+    let dir = tempfile::tempdir().unwrap();
+    let [upstream_defaults, ours, upstream_reading_ours, ours_again, ours_again_written] =
+        ["upstream.yaml", "ours.yaml", "upstream-reading-ours.yaml", "ours-again.yaml", "ours-again-written.yaml"]
+            .map(|name| dir.path().join(name));
+    let run_kube_proxy = |args: &[&std::ffi::OsStr]| {
+        let output = Command::new(&kube_proxy).args(args).output().expect("running kube-proxy");
+        let log = stderr(&output);
+        assert!(output.status.success(), "kube-proxy {args:?}: {log}");
+        assert!(!log.contains("lenient"), "kube-proxy decoded leniently: {log}");
+    };
+
+    // What kube-proxy writes with its defaults: read with the defaults it names.
+    run_kube_proxy(&["--write-config-to".as_ref(), upstream_defaults.as_os_str()]);
+    let output = render(&["--config", upstream_defaults.to_str().unwrap(), "--hostname-override=node1"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("what `iptables-save` shows"), "kube-proxy's default mode is iptables");
+    // kube-proxy's default `localhostNodePorts: true` is the one thing svcplane does not do.
+    let warnings = warnings(&output);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("iptables.localhostNodePorts is not applied"), "{warnings:?}");
+
+    // What svcplane writes: kube-proxy reads it, and what kube-proxy writes back from it
+    // reads to the same configuration in svcplane.
+    let flags = [
+        "--node-name=node1",
+        "--mode=nftables",
+        "--cluster-cidr=198.18.128.0/17,2001:db8:128::/64",
+        "--nodeport-addresses=primary",
+        "--healthz-bind-address=0.0.0.0:10300",
+        "--metrics-bind-address=127.0.0.1:10301",
+        "--sync-period=1m0s",
+        "--min-sync-period=2s",
+        "--oom-score-adj=-500",
+    ];
+    let output = render(&[&flags[..], &["--write-config-to", ours.to_str().unwrap()]].concat());
+    assert!(output.status.success(), "{}", stderr(&output));
+    run_kube_proxy(&[
+        "--config".as_ref(),
+        ours.as_os_str(),
+        "--write-config-to".as_ref(),
+        upstream_reading_ours.as_os_str(),
+    ]);
+    for (file, written) in [(&ours, &ours_again), (&upstream_reading_ours, &ours_again_written)] {
+        let output = render(&["--config", file.to_str().unwrap(), "--write-config-to", written.to_str().unwrap()]);
+        assert!(output.status.success(), "{}", stderr(&output));
+    }
+    let read = |path: &Path| std::fs::read_to_string(path).unwrap();
+    assert_eq!(read(&ours_again), read(&ours));
+    assert_eq!(read(&ours_again_written), read(&ours), "kube-proxy's rewrite of svcplane's file reads differently");
 }
