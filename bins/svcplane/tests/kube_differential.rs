@@ -311,11 +311,10 @@ fn operational(side: &Side) -> Operational {
     let metrics: SocketAddr = "127.0.0.1:10249".parse().expect("an address");
     let get = |address: SocketAddr, path: &str| {
         let path = path.to_owned();
-        let (status, _, body) = svcplane_testbed::run_in_namespace(&namespace, move || {
-            svcplane_ops::http::get(address, &path)
-        })
-        .expect("entering node1")
-        .unwrap_or_else(|error| panic!("{}: GET {address}: {error}", side.implementation.name()));
+        let (status, _, body) =
+            svcplane_testbed::run_in_namespace(&namespace, move || svcplane_ops::http::get(address, &path))
+                .expect("entering node1")
+                .unwrap_or_else(|error| panic!("{}: GET {address}: {error}", side.implementation.name()));
         (status, body)
     };
     let (healthz_status, healthz_body) = get(healthz, "/healthz");
