@@ -549,7 +549,7 @@ fn upstream_kube_proxy_and_svcplane_answer_every_scenario_row_alike_from_the_sam
     failures.extend(compare_operational_endpoints(&operational(&upstream), &operational(&ours)));
     if !failures.is_empty() {
         panic!(
-            "{} of {} rows differ between upstream kube-proxy and svcplane:\n{}\n\nkube-proxy logs:\n{}\nsvcplane logs:\n{}",
+            "{} differences between upstream kube-proxy and svcplane ({} rows compared, then the healthz and metrics servers):\n{}\n\nkube-proxy logs:\n{}\nsvcplane logs:\n{}",
             failures.len(),
             results.len(),
             failures.join("\n"),
