@@ -1,6 +1,8 @@
 //! `svcplane controller`: against the API, the EndpointSlice controller until SIGTERM /
-//! SIGINT; over a manifests directory, the allocated Services and derived EndpointSlices
-//! printed as a YAML stream.
+//! SIGINT, by default only while it holds the leader election Lease (losing it exits 1, as
+//! kube-controller-manager does, so the replica restarts cleanly; SIGTERM releases it);
+//! over a manifests directory, the allocated Services and derived EndpointSlices printed as
+//! a YAML stream.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -8,7 +10,8 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context;
 use svcplane_controller::Allocator;
 use svcplane_kube::ClusterAccess;
-use svcplane_kube::controller::{ControllerOptions, run_controller};
+use svcplane_kube::controller::{ControllerMetrics, ControllerOptions, run_controller_with_metrics};
+use svcplane_kube::lease::{LeaderElector, LeaseConfig, default_identity, run_while_leading};
 use svcplane_source::load_directory;
 use tracing::{info, warn};
 
@@ -23,11 +26,29 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
 }
 
 fn run_against_api(args: &ControllerArgs, access: ClusterAccess) -> anyhow::Result<()> {
+    let lease = args.leader_elect.then(|| LeaseConfig {
+        lease_duration: args.leader_elect_lease_duration,
+        renew_deadline: args.leader_elect_renew_deadline,
+        retry_period: args.leader_elect_retry_period,
+        ..LeaseConfig::new(
+            args.leader_elect_resource_namespace.clone(),
+            args.leader_elect_resource_name.clone(),
+            default_identity(),
+        )
+    });
+    if let Some(lease) = &lease {
+        lease.validate().map_err(anyhow::Error::msg)?;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing the signal handler")?;
     }
     let options = ControllerOptions { managed_by: args.managed_by.clone(), ..ControllerOptions::default() };
+    let metrics = Arc::new(ControllerMetrics::new());
+    if let Some(address) = args.metrics_bind_address.0 {
+        let metrics = Arc::clone(&metrics);
+        serve_metrics(address, Arc::new(move || metrics.render()))?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -36,8 +57,24 @@ fn run_against_api(args: &ControllerArgs, access: ClusterAccess) -> anyhow::Resu
         .context("starting the async runtime")?;
     runtime.block_on(async move {
         let client = access.client().await?;
-        info!(%access, managed_by = %options.managed_by, "running the EndpointSlice controller");
-        run_controller(client, options, stop).await?;
+        let Some(lease) = lease else {
+            info!(%access, managed_by = %options.managed_by, "running the EndpointSlice controller (no leader election)");
+            run_controller_with_metrics(client, options, stop, metrics).await?;
+            info!("stopped");
+            return anyhow::Ok(());
+        };
+        let lease_name = lease.name.clone();
+        let mut elector = LeaderElector::new(client.clone(), lease);
+        metrics.track_leadership(&lease_name, elector.leading());
+        let controller_stop = Arc::clone(&stop);
+        let led = run_while_leading(&mut elector, Arc::clone(&stop), move || {
+            info!(%access, managed_by = %options.managed_by, "leading: running the EndpointSlice controller");
+            run_controller_with_metrics(client, options, controller_stop, metrics)
+        })
+        .await?;
+        if let Some(result) = led {
+            result?;
+        }
         info!("stopped");
         anyhow::Ok(())
     })
@@ -76,4 +113,54 @@ fn with_kind(mut value: serde_json::Value, api_version: &str, kind: &str) -> ser
         object.insert("kind".into(), kind.into());
     }
     value
+}
+
+/// What `/metrics` answers: the current text exposition.
+pub(crate) type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Serves `GET /metrics` (Prometheus text, version 0.0.4) on `address` from a thread of its
+/// own, one connection at a time: a scrape every few seconds needs no more. Prints
+/// `metrics on ADDR:PORT` (port 0 picks one). Returns the bound address.
+pub(crate) fn serve_metrics(
+    address: std::net::SocketAddr,
+    render: RenderMetrics,
+) -> anyhow::Result<std::net::SocketAddr> {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind(address).with_context(|| format!("--metrics-bind-address {address}"))?;
+    let local = listener.local_addr().context("reading the metrics address")?;
+    println!("metrics on {local}");
+    info!(%local, "serving /metrics");
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+                let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(5)));
+                let mut reader = BufReader::new(&stream);
+                let mut request_line = String::new();
+                if reader.read_line(&mut request_line).is_err() {
+                    continue;
+                }
+                // Read (and ignore) the headers up to the empty line.
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let path = request_line.split_whitespace().nth(1).unwrap_or_default();
+                let (status, body) = match path.split('?').next() {
+                    Some("/metrics") => ("200 OK", render()),
+                    Some("/healthz") => ("200 OK", "ok\n".to_owned()),
+                    _ => ("404 Not Found", "not found: try /metrics\n".to_owned()),
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        })
+        .context("starting the metrics thread")?;
+    Ok(local)
 }

@@ -5,14 +5,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use svcplane_ops::http::Server;
-use svcplane_ops::{OpsFeed, ProxyHealth, healthz_routes, metrics_routes, proxy_registry, start_or_warn};
+use svcplane_ops::status::{CounterReader, StatusBoard, StatusFeed, counter_metrics, status_routes};
+use svcplane_ops::{ExtraMetrics, OpsFeed, ProxyHealth, healthz_routes, metrics_routes, proxy_registry, start_or_warn};
 
 /// What a running proxy serves; dropping it stops the servers.
 #[derive(Debug)]
 pub struct ProxyOps {
     pub feed: OpsFeed,
+    /// The status page's hook.
+    pub status: StatusFeed,
     pub servers: Vec<Server>,
 }
 
@@ -27,26 +29,35 @@ pub struct OpsSettings {
     pub health_timeout: Duration,
     /// The effective configuration, as `/configz` serves it.
     pub configz_json: String,
+    /// Endpoint counters on `/metrics` (0: none, and scrapes read no kernel counters).
+    pub metrics_max_endpoint_series: usize,
+    /// Endpoint counters on `/status`.
+    pub status_max_series: usize,
 }
 
-/// `""` means "no server", as in kube-proxy's configuration.
-pub fn bind_address(flag: &str, value: &str) -> anyhow::Result<Option<SocketAddr>> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    value.parse().map(Some).with_context(|| format!("{flag}: {value:?} is not an IP:PORT"))
-}
-
-pub fn start(settings: &OpsSettings, node_name: &str, mode: &'static str) -> anyhow::Result<ProxyOps> {
+/// `counters` reads the mode's kernel counters, for `/status` and `/metrics`.
+pub fn start(
+    settings: &OpsSettings,
+    node_name: &str,
+    mode: &'static str,
+    counters: Option<CounterReader>,
+) -> anyhow::Result<ProxyOps> {
     let metrics = Arc::new(proxy_registry());
+    let board =
+        Arc::new(StatusBoard::new(mode, node_name, counters, settings.status_max_series, crate::recent::warnings()));
     let health = Arc::new(ProxyHealth::new(settings.health_timeout, Arc::clone(&metrics)));
     let mut servers = Vec::new();
     if let Some(address) = settings.healthz {
         servers.extend(start_or_warn("healthz", address, healthz_routes(&health), settings.hard_fail)?);
     }
     if let Some(address) = settings.metrics {
-        let routes = metrics_routes(&metrics, mode, settings.configz_json.clone());
+        let extra: Option<ExtraMetrics> = (settings.metrics_max_endpoint_series > 0).then(|| {
+            let board = Arc::clone(&board);
+            let max = settings.metrics_max_endpoint_series;
+            Arc::new(move || counter_metrics(&board, max)) as ExtraMetrics
+        });
+        let routes = metrics_routes(&metrics, mode, settings.configz_json.clone(), extra).merge(status_routes(&board));
         servers.extend(start_or_warn("metrics", address, routes, settings.hard_fail)?);
     }
-    Ok(ProxyOps { feed: OpsFeed::new(metrics, health, node_name, mode), servers })
+    Ok(ProxyOps { feed: OpsFeed::new(metrics, health, node_name, mode), status: StatusFeed::new(board), servers })
 }

@@ -23,7 +23,11 @@ const ALLOWED: &[(&str, &[&str], &str)] = &[
     ("backend-ipvs", &["core", "net", "ipvs", "iptables"], "IPVS mode needs ipset/iptables rules beside IPVS"),
     ("backend-userspace", &["core", "net", "nft"], "redirect rules in nftables, the relay in the mode"),
     ("source", &["core", "controller", "net"], "the manifests feed converts objects into the core's model"),
-    ("kube", &["source", "controller", "core", "net"], "the API feed converts with the source's rules"),
+    (
+        "kube",
+        &["source", "controller", "core", "net", "metrics"],
+        "the API feed converts with the source's rules; the controller counts its work in the metrics registry",
+    ),
     ("sync", &["core", "conntrack", "net"], "the loop drives any Dataplane and its after-sync hooks"),
     ("dns", &["core", "net"], "DNS consumes the core's discovery model, like a mode consumes the plan"),
     ("metrics", &[], "metrics are a leaf: fed by the sync loop and the binary, served by the binary"),

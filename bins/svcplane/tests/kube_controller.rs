@@ -356,3 +356,199 @@ fn eventually_versions(client: &NetnsClient, manager: &str, count: usize) -> BTr
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+const LEASE_NAMESPACE: &str = "kube-system";
+const LEASE_NAME: &str = "svcplane-controller";
+/// kube-controller-manager's defaults, which `svcplane controller` shares.
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+const RETRY_PERIOD: Duration = Duration::from_secs(2);
+
+/// One `svcplane controller` replica started by the test.
+struct Replica {
+    what: String,
+    log: std::path::PathBuf,
+    identity: String,
+    metrics: std::net::SocketAddr,
+}
+
+impl Replica {
+    fn start(plane: &ControlPlane, what: &str) -> Replica {
+        let kubeconfig = plane.kubeconfig().display().to_string();
+        let args: Vec<String> = ["controller", "--kubeconfig", &kubeconfig, "--metrics-bind-address", "127.0.0.1:0"]
+            .map(String::from)
+            .to_vec();
+        let (_, log) = plane.spawn(what, plane.namespace(), env!("CARGO_BIN_EXE_svcplane"), &args).unwrap();
+        let started = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let metrics = text.lines().find_map(|l| l.strip_prefix("metrics on ")).map(|a| a.trim().parse().unwrap());
+            let identity = text
+                .lines()
+                .filter(|l| l.contains("waiting to lead"))
+                .find_map(|l| l.split("identity=").nth(1))
+                .map(|rest| rest.split_whitespace().next().unwrap_or_default().to_owned());
+            if let (Some(metrics), Some(identity)) = (metrics, identity) {
+                return Replica { what: what.to_owned(), log, identity, metrics };
+            }
+            assert!(started.elapsed() < CONVERGE_WITHIN, "{what} did not start:\n{text}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its `/metrics`, fetched inside the lab namespace.
+    fn metrics(&self, plane: &ControlPlane) -> String {
+        let output = std::process::Command::new("ip")
+            .args(["netns", "exec", plane.namespace(), "curl", "-fsS", "--max-time", "5"])
+            .arg(format!("http://{}/metrics", self.metrics))
+            .output()
+            .expect("running curl");
+        assert!(output.status.success(), "scraping {}: {}", self.what, String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// The value of one series (a whole line's label part, `name{labels}`) in its metrics.
+    fn value(&self, plane: &ControlPlane, series: &str) -> f64 {
+        let text = self.metrics(plane);
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("{series} missing from the metrics of {}:\n{text}", self.what))
+            .parse()
+            .unwrap()
+    }
+
+    /// Slice writes it made (creates, updates, deletes).
+    fn writes(&self, plane: &ControlPlane) -> f64 {
+        ["create", "update", "delete"]
+            .iter()
+            .map(|op| self.value(plane, &format!("endpoint_slice_controller_changes{{operation=\"{op}\"}}")))
+            .sum()
+    }
+}
+
+fn lease_holder(client: &NetnsClient) -> Option<String> {
+    let lease: k8s_openapi::api::coordination::v1::Lease = client.get(LEASE_NAMESPACE, LEASE_NAME).ok()?;
+    lease.spec?.holder_identity.filter(|h| !h.is_empty())
+}
+
+/// Waits until the Lease names a holder among `replicas` and returns its index.
+fn wait_for_holder(client: &NetnsClient, replicas: &[&Replica], limit: Duration) -> (usize, Duration) {
+    let started = Instant::now();
+    loop {
+        if let Some(holder) = lease_holder(client)
+            && let Some(i) = replicas.iter().position(|r| r.identity == holder)
+        {
+            return (i, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < limit,
+            "no replica of {:?} took the Lease within {limit:?}",
+            replicas.iter().map(|r| &r.what).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until Service `name`'s slices (ours) hold `endpoints` endpoints in all.
+fn wait_for_endpoints(client: &NetnsClient, name: &str, endpoints: usize) -> Duration {
+    let started = Instant::now();
+    loop {
+        let slices: Vec<EndpointSlice> = client
+            .list(
+                Some("default"),
+                Some(&format!("kubernetes.io/service-name={name},endpointslice.kubernetes.io/managed-by={OURS}")),
+            )
+            .unwrap();
+        if slices.iter().map(|s| s.endpoints.len()).sum::<usize>() == endpoints && !slices.is_empty() {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < CONVERGE_WITHIN,
+            "the slices of {name} never held {endpoints} endpoints: {slices:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn create_app(client: &NetnsClient, name: &str, pods: u32, first_ip: u32) {
+    client.create(&service(name, name, IntOrString::Int(8080), |_| {})).unwrap();
+    for i in 0..pods {
+        let pod = objects::pod("default", &format!("{name}-{i}"), "node-a", &[("app", name)], &[]);
+        objects::create_running_pod(client, &pod, &pod_ips(first_ip + i), true).unwrap();
+    }
+}
+
+#[test]
+fn of_two_controller_replicas_only_the_lease_holder_writes_and_the_other_takes_over_when_it_dies_or_stops() {
+    let Some(binaries) = binaries_for_test("kube_controller") else { return };
+    let namespace = BareNamespace::create().expect("a namespace");
+    let address: IpAddr = "198.18.0.2".parse().unwrap();
+    namespace.add_loopback_address(address).unwrap();
+    let mut config = ControlPlaneConfig::new(namespace.name(), address);
+    config.service_cidrs = vec!["198.19.0.0/16".into(), "2001:db8:f::/108".into()];
+    let plane = ControlPlane::start(&binaries, config).unwrap_or_else(|e| panic!("starting the control plane: {e}"));
+    let client = NetnsClient::connect(namespace.name(), plane.kubeconfig()).unwrap();
+    client.create_node(&objects::node("node-a", &["198.18.0.11".parse().unwrap()], Some("zone-a"))).unwrap();
+    create_app(&client, "first", 3, 0);
+
+    let a = Replica::start(&plane, "replica-a");
+    let b = Replica::start(&plane, "replica-b");
+    let (leader, _) = wait_for_holder(&client, &[&a, &b], CONVERGE_WITHIN);
+    let (leader, follower) = if leader == 0 { (&a, &b) } else { (&b, &a) };
+    wait_for_endpoints(&client, "first", 6);
+
+    // While the leader lives, the follower writes nothing, however the cluster changes.
+    create_app(&client, "second", 2, 10);
+    wait_for_endpoints(&client, "second", 4);
+    std::thread::sleep(2 * RETRY_PERIOD);
+    assert_eq!(lease_holder(&client).as_deref(), Some(leader.identity.as_str()), "the Lease changed hands");
+    assert!(leader.writes(&plane) >= 2.0, "the leader wrote the slices:\n{}", leader.metrics(&plane));
+    assert_eq!(follower.writes(&plane), 0.0, "the follower wrote slices:\n{}", follower.metrics(&plane));
+    assert_eq!(follower.value(&plane, "endpoint_slice_controller_syncs{result=\"success\"}"), 0.0);
+    let status = |r: &Replica| r.value(&plane, &format!("leader_election_master_status{{name=\"{LEASE_NAME}\"}}"));
+    assert_eq!((status(leader), status(follower)), (1.0, 0.0));
+    assert!(!follower.log().contains("EndpointSlices written"), "the follower wrote:\n{}", follower.log());
+
+    // The leader dies without a word: the follower waits out the lease, then leads.
+    plane.stop(&leader.what);
+    let killed = Instant::now();
+    create_app(&client, "third", 2, 20);
+    let (_, _) = wait_for_holder(&client, &[follower], LEASE_DURATION + 3 * RETRY_PERIOD + Duration::from_secs(5));
+    let failover = killed.elapsed();
+    let slices_after = wait_for_endpoints(&client, "third", 4) + failover;
+    eprintln!("SIGKILL failover: Lease taken after {failover:?}, new Service's slices after {slices_after:?}");
+    // The follower counts the lease from when it saw the last renewal, at most one retry
+    // period before the kill.
+    assert!(failover >= LEASE_DURATION - RETRY_PERIOD - Duration::from_secs(1), "taken over too early: {failover:?}");
+    assert_eq!(status(follower), 1.0);
+    let new_leader = follower;
+
+    // A graceful stop releases the Lease: a new follower takes it within about one retry.
+    let c = Replica::start(&plane, "replica-c");
+    std::thread::sleep(RETRY_PERIOD);
+    assert_eq!(lease_holder(&client).as_deref(), Some(new_leader.identity.as_str()));
+    plane.terminate(&new_leader.what);
+    let terminated = Instant::now();
+    let (_, _) = wait_for_holder(&client, &[&c], LEASE_DURATION);
+    let handover = terminated.elapsed();
+    eprintln!("SIGTERM handover: Lease taken after {handover:?}");
+    assert!(handover < 3 * RETRY_PERIOD, "SIGTERM did not release the Lease: taken after {handover:?}");
+    assert!(new_leader.log().contains("released the Lease"), "{}", new_leader.log());
+    let exited = Instant::now();
+    loop {
+        match plane.check_running(&new_leader.what) {
+            Err(svcplane_control_plane::ControlPlaneError::Exited { status, .. }) => {
+                assert!(status.success(), "a stopped replica exits 0: {status}\n{}", new_leader.log());
+                break;
+            }
+            other => assert!(exited.elapsed() < Duration::from_secs(10), "the stopped replica still runs: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    create_app(&client, "fourth", 1, 30);
+    wait_for_endpoints(&client, "fourth", 2);
+    assert_eq!(status(&c), 1.0);
+}

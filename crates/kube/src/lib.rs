@@ -14,16 +14,19 @@
 //! - [`controller`]: the EndpointSlice controller against the API: slices planned by
 //!   `svcplane-controller` from Pods, written with owner references and the upstream labels,
 //!   at most 100 endpoints per slice, and only the slices that must change.
+//! - [`lease`]: leader election through a `coordination.k8s.io/v1` Lease (client-go's
+//!   semantics), so that of several controller replicas only one writes.
 //!
 //! What it deliberately does not do: no Service policy (that is `svcplane-core`), no
 //! conversion rules of its own (`svcplane-source` has them), no ClusterIP or NodePort
-//! allocation (the API server does that), no writes besides EndpointSlices, and no leader
-//! election (run one controller).
+//! allocation (the API server does that), and no writes besides EndpointSlices and the
+//! controller's leader election Lease.
 
 mod access;
 pub mod controller;
 mod error;
 pub mod feed;
+pub mod lease;
 mod mirror;
 mod source;
 

@@ -11,6 +11,7 @@
 pub mod feeds;
 pub mod http;
 pub mod proxy_health;
+pub mod status;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,12 +35,27 @@ pub fn proxy_registry() -> Registry {
     Registry::with(descs)
 }
 
+/// Families rendered when scraped, appended to the registry's.
+pub type ExtraMetrics = Arc<dyn Fn() -> String + Send + Sync>;
+
 /// `/metrics`, `/proxyMode`, `/configz` and a plain `/healthz` on the metrics server, as
 /// kube-proxy serves them there.
-pub fn metrics_routes(metrics: &Arc<Registry>, mode: &'static str, configz_json: String) -> Routes {
+/// `extra` adds families rendered at scrape time (the endpoint counters).
+pub fn metrics_routes(
+    metrics: &Arc<Registry>,
+    mode: &'static str,
+    configz_json: String,
+    extra: Option<ExtraMetrics>,
+) -> Routes {
     let registry = Arc::clone(metrics);
     Routes::new()
-        .route("/metrics", move |_| Response::new(200, "text/plain; version=0.0.4; charset=utf-8", registry.render()))
+        .route("/metrics", move |_| {
+            let mut text = registry.render();
+            if let Some(extra) = &extra {
+                text.push_str(&extra());
+            }
+            Response::new(200, "text/plain; version=0.0.4; charset=utf-8", text)
+        })
         .route("/proxyMode", move |_| Response::text(200, mode))
         .route("/configz", move |_| Response::json(200, configz_json.clone()))
         .route("/healthz", |_| Response::text(200, "ok"))

@@ -14,6 +14,7 @@
 //! failed write retries the Service with a capped backoff. Slices of deleted Services are
 //! deleted by the controller itself, not left to the garbage collector.
 
+pub mod metrics;
 mod writes;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -36,6 +37,7 @@ use serde::de::DeserializeOwned;
 use svcplane_controller::{LABEL_HEADLESS, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, ObjectKey, plan_slices};
 use tracing::{debug, info, warn};
 
+pub use metrics::ControllerMetrics;
 pub use writes::{Write, has_selector, plan_writes};
 
 use crate::error::KubeError;
@@ -72,6 +74,16 @@ pub async fn run_controller(
     options: ControllerOptions,
     stop: Arc<AtomicBool>,
 ) -> Result<(), KubeError> {
+    run_controller_with_metrics(client, options, stop, Arc::new(ControllerMetrics::new())).await
+}
+
+/// [`run_controller`], counting its work in `metrics`.
+pub async fn run_controller_with_metrics(
+    client: Client,
+    options: ControllerOptions,
+    stop: Arc<AtomicBool>,
+    metrics: Arc<ControllerMetrics>,
+) -> Result<(), KubeError> {
     let mut streams: SelectAll<BoxStream<'static, Incoming>> = SelectAll::new();
     streams.push(stream_of(Api::<Service>::all(client.clone()), watcher::Config::default(), Incoming::Service));
     streams.push(stream_of(Api::<Pod>::all(client.clone()), watcher::Config::default(), Incoming::Pod));
@@ -79,6 +91,7 @@ pub async fn run_controller(
     let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={}", options.managed_by));
     streams.push(stream_of(Api::<EndpointSlice>::all(client.clone()), owned, Incoming::Slice));
     let mut state = ControllerState::new(options);
+    state.metrics = metrics;
     let mut streams = pin!(streams);
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -324,6 +337,9 @@ struct ControllerState {
     retries: HashMap<ObjectKey, (Instant, u32)>,
     started: Instant,
     reconciled_once: bool,
+    metrics: Arc<ControllerMetrics>,
+    /// Endpoints each Service's slices should hold, as last planned.
+    desired: HashMap<ObjectKey, usize>,
 }
 
 impl ControllerState {
@@ -338,6 +354,8 @@ impl ControllerState {
             retries: HashMap::new(),
             started: Instant::now(),
             reconciled_once: false,
+            metrics: Arc::new(ControllerMetrics::new()),
+            desired: HashMap::new(),
         }
     }
 
@@ -423,13 +441,14 @@ impl ControllerState {
         }
     }
 
-    /// The writes that bring one Service's slices up to date.
-    fn writes_for(&self, key: &ObjectKey) -> Vec<Write> {
+    /// The writes that bring one Service's slices up to date, and how many endpoints its
+    /// slices should hold.
+    fn writes_for(&self, key: &ObjectKey) -> (Vec<Write>, usize) {
         let existing = self.slices.of_service(key);
         let max = self.options.max_endpoints_per_slice;
         let service = self.services.objects.get(key).filter(|service| has_selector(service));
         let Some(service) = service else {
-            return plan_writes(&key.name, None, &[], Vec::new(), &existing, max);
+            return (plan_writes(&key.name, None, &[], Vec::new(), &existing, max), 0);
         };
         let selector = service.spec.as_ref().and_then(|s| s.selector.as_ref()).cloned().unwrap_or_default();
         let publish_not_ready = service.spec.as_ref().and_then(|s| s.publish_not_ready_addresses) == Some(true);
@@ -452,7 +471,7 @@ impl ControllerState {
             .collect();
         let nodes: Vec<Node> = self.nodes.objects.values().cloned().collect();
         let template = self.template(service);
-        let desired = match plan_slices(service, &pods, Some(&nodes)) {
+        let desired: Vec<EndpointSlice> = match plan_slices(service, &pods, Some(&nodes)) {
             Ok(slices) => slices
                 .into_iter()
                 .map(|mut slice| {
@@ -467,10 +486,11 @@ impl ControllerState {
                 .collect(),
             Err(error) => {
                 warn!(service = %key, "planning slices: {error}");
-                return Vec::new();
+                return (Vec::new(), 0);
             }
         };
-        plan_writes(&key.name, Some(&template), &address_types(service), desired, &existing, max)
+        let endpoints = desired.iter().map(|slice| slice.endpoints.len()).sum();
+        (plan_writes(&key.name, Some(&template), &address_types(service), desired, &existing, max), endpoints)
     }
 
     async fn reconcile_dirty(&mut self, client: &Client) {
@@ -483,18 +503,21 @@ impl ControllerState {
         }
         let started = Instant::now();
         let keys: Vec<ObjectKey> = std::mem::take(&mut self.dirty).into_iter().collect();
-        let jobs: Vec<(ObjectKey, Vec<Write>)> = keys
-            .into_iter()
-            .filter_map(|key| {
-                let writes = self.writes_for(&key);
-                if writes.is_empty() {
-                    self.retries.remove(&key);
-                    None
-                } else {
-                    Some((key, writes))
-                }
-            })
-            .collect();
+        let mut jobs: Vec<(ObjectKey, Vec<Write>)> = Vec::new();
+        for key in keys {
+            let (writes, endpoints) = self.writes_for(&key);
+            if endpoints == 0 && !self.services.objects.contains_key(&key) {
+                self.desired.remove(&key);
+            } else {
+                self.desired.insert(key.clone(), endpoints);
+            }
+            if writes.is_empty() {
+                self.retries.remove(&key);
+                self.metrics.synced(true);
+            } else {
+                jobs.push((key, writes));
+            }
+        }
         let services = jobs.len();
         let results: Vec<(ObjectKey, Vec<Written>, Option<kube::Error>)> = futures::stream::iter(jobs)
             .map(|(key, writes)| {
@@ -529,11 +552,15 @@ impl ControllerState {
                     }
                 }
             }
+            self.metrics.synced(error.is_none());
             match error {
                 None => {
                     self.retries.remove(&key);
                 }
                 Some(error) => {
+                    if matches!(&error, kube::Error::Api(status) if status.code == 409) {
+                        self.metrics.conflict();
+                    }
                     let attempts = self.retries.get(&key).map_or(0, |(_, n)| *n) + 1;
                     let delay = RETRY_FIRST.saturating_mul(1 << attempts.min(6)).min(RETRY_MAX);
                     warn!(service = %key, attempts, "writing EndpointSlices failed, retrying in {delay:?}: {error}");
@@ -542,6 +569,10 @@ impl ControllerState {
             }
         }
         let elapsed = started.elapsed();
+        self.metrics.changed("create", counts[0]);
+        self.metrics.changed("update", counts[1]);
+        self.metrics.changed("delete", counts[2]);
+        self.metrics.desired(self.desired.values().sum(), self.slices.by_key.len());
         if !self.reconciled_once {
             self.reconciled_once = true;
             info!(
