@@ -15,7 +15,7 @@ mod kube_support;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -222,9 +222,18 @@ fn the_controller_and_dns_service_accounts_may_do_what_their_roles_grant_and_not
             let api = leases.clone();
             async move { api.create(&PostParams::default(), &named::<Lease>(None, CONTROLLER_LEASE)).await }
         }),
-        call(&controller, "renew its Lease", OK, {
+        call(&controller, "read and renew its Lease", OK, {
             let api = leases.clone();
-            let patch = json!({ "spec": { "holderIdentity": "svcplane-controller-0" } });
+            async move {
+                let mut lease = api.get(CONTROLLER_LEASE).await?;
+                lease.spec =
+                    Some(LeaseSpec { holder_identity: Some("svcplane-controller-0".into()), ..LeaseSpec::default() });
+                api.replace(CONTROLLER_LEASE, &PostParams::default(), &lease).await
+            }
+        }),
+        call(&controller, "patch its Lease (it only updates)", 403, {
+            let api = leases.clone();
+            let patch = json!({ "spec": { "holderIdentity": "svcplane-controller-1" } });
             async move { api.patch(CONTROLLER_LEASE, &PatchParams::default(), &Patch::Merge(&patch)).await }
         }),
         call(&controller, "read a Lease its role does not name", 403, {
@@ -299,22 +308,21 @@ fn help_of(subcommand: &str) -> String {
 }
 
 /// A container's command (`svcplane <subcommand> --flag=value...`) run with this build's
-/// binary. Flags this build does not know yet (being added elsewhere) are left out, saying
-/// so.
+/// binary. Fails, naming them, when this build lacks flags the manifest uses.
 fn runnable(command: &[String], subcommand: &str) -> Vec<String> {
     assert_eq!(command[..2], ["svcplane", subcommand], "{command:?}");
     let help = help_of(subcommand);
-    let mut runnable = vec![env!("CARGO_BIN_EXE_svcplane").to_owned(), subcommand.to_owned()];
-    for word in &command[2..] {
-        let flag = word.split('=').next().unwrap_or(word);
-        assert!(flag.starts_with("--") && word.contains('='), "{word}: spell flags as --flag=value in deploy/");
-        if has_flag(&help, flag) {
-            runnable.push(word.clone());
-        } else {
-            eprintln!("svcplane {subcommand} lacks {flag}: running the container's command without {word}");
-        }
-    }
-    runnable
+    let unknown: Vec<&str> = command[2..]
+        .iter()
+        .map(|word| {
+            let flag = word.split('=').next().unwrap_or(word);
+            assert!(flag.starts_with("--") && word.contains('='), "{word}: spell flags as --flag=value in deploy/");
+            flag
+        })
+        .filter(|flag| !has_flag(&help, flag))
+        .collect();
+    assert!(unknown.is_empty(), "svcplane {subcommand} has no {unknown:?}, which deploy/ runs it with");
+    std::iter::once(env!("CARGO_BIN_EXE_svcplane").to_owned()).chain(command[1..].iter().cloned()).collect()
 }
 
 /// The flags (`--name`, before any `=`) of a command line.
@@ -380,29 +388,9 @@ fn the_proxy_syncs_a_node_on_its_service_accounts_token_and_the_in_cluster_confi
         .and_then(|mount| mount["mountPath"].as_str())
         .expect("the config volume's mount")
         .to_owned();
-    let svcplane = env!("CARGO_BIN_EXE_svcplane").to_owned();
-    let help = help_of("proxy");
-    let unknown: Vec<&String> = flags.iter().filter(|flag| !has_flag(&help, flag)).collect();
-    let command: Vec<String> = if unknown.is_empty() {
-        std::iter::once(svcplane)
-            .chain(
-                resolved.command[1..].iter().map(|word| word.replace(&config_mount, &config_dir.display().to_string())),
-            )
-            .collect()
-    } else {
-        // The container's flags this build lacks are being added elsewhere; until then the
-        // same node, given with the flag this build has. Access is still the in-cluster
-        // config, which is what this test is about.
-        eprintln!("svcplane proxy lacks {unknown:?} of the DaemonSet's command: running it with --node-name");
-        vec![
-            svcplane,
-            "proxy".into(),
-            "--node-name".into(),
-            node.name().into(),
-            "--cluster-cidr".into(),
-            CLUSTER_CIDRS[0].into(),
-        ]
-    };
+    let in_volume: Vec<String> =
+        resolved.command.iter().map(|word| word.replace(&config_mount, &config_dir.display().to_string())).collect();
+    let command = runnable(&in_volume, "proxy");
     eprintln!("running {command:?} with {:?}", resolved.env);
 
     let (proxy, token) = account_client(&kube.client, &kube.plane, kube.lab.lan_namespace(), PROXY_ACCOUNT);
