@@ -15,7 +15,7 @@ mod kube_support;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -32,6 +32,7 @@ use kube_support::{
 use serde_json::{Value, json};
 use svcplane_control_plane::{
     API_PORT, BareNamespace, ControlPlane, ControlPlaneConfig, NetnsClient, UpstreamBinaries, binaries_for_test,
+    objects,
 };
 use svcplane_testbed::Lab;
 
@@ -221,9 +222,18 @@ fn the_controller_and_dns_service_accounts_may_do_what_their_roles_grant_and_not
             let api = leases.clone();
             async move { api.create(&PostParams::default(), &named::<Lease>(None, CONTROLLER_LEASE)).await }
         }),
-        call(&controller, "renew its Lease", OK, {
+        call(&controller, "read and renew its Lease", OK, {
             let api = leases.clone();
-            let patch = json!({ "spec": { "holderIdentity": "svcplane-controller-0" } });
+            async move {
+                let mut lease = api.get(CONTROLLER_LEASE).await?;
+                lease.spec =
+                    Some(LeaseSpec { holder_identity: Some("svcplane-controller-0".into()), ..LeaseSpec::default() });
+                api.replace(CONTROLLER_LEASE, &PostParams::default(), &lease).await
+            }
+        }),
+        call(&controller, "patch its Lease (it only updates)", 403, {
+            let api = leases.clone();
+            let patch = json!({ "spec": { "holderIdentity": "svcplane-controller-1" } });
             async move { api.patch(CONTROLLER_LEASE, &PatchParams::default(), &Patch::Merge(&patch)).await }
         }),
         call(&controller, "read a Lease its role does not name", 403, {
@@ -283,9 +293,36 @@ fn the_controller_and_dns_service_accounts_may_do_what_their_roles_grant_and_not
     assert_calls(DNS_ACCOUNT, &calls);
 }
 
-/// Whether `svcplane proxy --help` lists `flag` (`--config`).
-fn proxy_has_flag(help: &str, flag: &str) -> bool {
+/// Whether a `--help` text lists `flag` (`--config`).
+fn has_flag(help: &str, flag: &str) -> bool {
     help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).any(|word| word == flag)
+}
+
+/// `svcplane <subcommand> --help`.
+fn help_of(subcommand: &str) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_svcplane"))
+        .args([subcommand, "--help"])
+        .output()
+        .expect("svcplane --help");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A container's command (`svcplane <subcommand> --flag=value...`) run with this build's
+/// binary. Fails, naming them, when this build lacks flags the manifest uses.
+fn runnable(command: &[String], subcommand: &str) -> Vec<String> {
+    assert_eq!(command[..2], ["svcplane", subcommand], "{command:?}");
+    let help = help_of(subcommand);
+    let unknown: Vec<&str> = command[2..]
+        .iter()
+        .map(|word| {
+            let flag = word.split('=').next().unwrap_or(word);
+            assert!(flag.starts_with("--") && word.contains('='), "{word}: spell flags as --flag=value in deploy/");
+            flag
+        })
+        .filter(|flag| !has_flag(&help, flag))
+        .collect();
+    assert!(unknown.is_empty(), "svcplane {subcommand} has no {unknown:?}, which deploy/ runs it with");
+    std::iter::once(env!("CARGO_BIN_EXE_svcplane").to_owned()).chain(command[1..].iter().cloned()).collect()
 }
 
 /// The flags (`--name`, before any `=`) of a command line.
@@ -351,30 +388,9 @@ fn the_proxy_syncs_a_node_on_its_service_accounts_token_and_the_in_cluster_confi
         .and_then(|mount| mount["mountPath"].as_str())
         .expect("the config volume's mount")
         .to_owned();
-    let svcplane = env!("CARGO_BIN_EXE_svcplane").to_owned();
-    let help = std::process::Command::new(&svcplane).args(["proxy", "--help"]).output().expect("svcplane proxy --help");
-    let help = String::from_utf8_lossy(&help.stdout).into_owned();
-    let unknown: Vec<&String> = flags.iter().filter(|flag| !proxy_has_flag(&help, flag)).collect();
-    let command: Vec<String> = if unknown.is_empty() {
-        std::iter::once(svcplane)
-            .chain(
-                resolved.command[1..].iter().map(|word| word.replace(&config_mount, &config_dir.display().to_string())),
-            )
-            .collect()
-    } else {
-        // The container's flags this build lacks are being added elsewhere; until then the
-        // same node, given with the flag this build has. Access is still the in-cluster
-        // config, which is what this test is about.
-        eprintln!("svcplane proxy lacks {unknown:?} of the DaemonSet's command: running it with --node-name");
-        vec![
-            svcplane,
-            "proxy".into(),
-            "--node-name".into(),
-            node.name().into(),
-            "--cluster-cidr".into(),
-            CLUSTER_CIDRS[0].into(),
-        ]
-    };
+    let in_volume: Vec<String> =
+        resolved.command.iter().map(|word| word.replace(&config_mount, &config_dir.display().to_string())).collect();
+    let command = runnable(&in_volume, "proxy");
     eprintln!("running {command:?} with {:?}", resolved.env);
 
     let (proxy, token) = account_client(&kube.client, &kube.plane, kube.lab.lan_namespace(), PROXY_ACCOUNT);
@@ -461,4 +477,98 @@ fn the_proxy_syncs_a_node_on_its_service_accounts_token_and_the_in_cluster_confi
         }),
     ];
     assert_calls(PROXY_ACCOUNT, &calls);
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(log_text.contains("in-cluster config"), "the proxy did not say it used the in-cluster config:\n{log_text}");
+}
+
+/// `dig +short name A` against `127.0.0.1:port` inside `netns`.
+fn dig(netns: &str, port: u16, name: &str) -> Vec<String> {
+    let output = std::process::Command::new("ip")
+        .args(["netns", "exec", netns, "dig", "+short", "+time=1", "+tries=1", "-p", &port.to_string(), "@127.0.0.1"])
+        .args([name, "A"])
+        .output()
+        .expect("running dig");
+    String::from_utf8_lossy(&output.stdout).lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn the_controller_and_dns_run_their_containers_commands_on_their_service_accounts_tokens_alone() {
+    let Some(binaries) = binaries_for_test("kube_deploy") else { return };
+    let bare = bare_plane(&binaries);
+    let admin = &bare.client;
+    let mut workloads = Vec::new();
+    for (file, account) in [("controller.yaml", CONTROLLER_ACCOUNT), ("dns.yaml", DNS_ACCOUNT)] {
+        let mut documents = manifest_documents(file);
+        apply_all(admin, &documents);
+        workloads.push((
+            account,
+            find_document(&mut documents, "Deployment", account)["spec"]["template"]["spec"]["containers"][0].clone(),
+        ));
+    }
+    // A Node, a running Pod on it and a Service selecting it: the controller's input.
+    let node_ip: IpAddr = "198.18.0.11".parse().unwrap();
+    let pod_ip: IpAddr = "198.18.128.10".parse().unwrap();
+    admin.create_node(&objects::node("node1", &[node_ip], Some("zone-1"))).expect("a Node");
+    let pod = objects::pod("default", "web-1", "node1", &[("app", "web")], &[("http", 8080, "TCP")]);
+    objects::create_running_pod(admin, &pod, &[pod_ip], true).expect("a running Pod");
+    let service: Service = admin.create(&echo_service("web", true, &[])).expect("a Service");
+    let cluster_ip = cluster_ip_v4(&service);
+
+    let volumes = tempfile::tempdir().expect("a temporary directory");
+    let mut dns_port = 0;
+    let mut logs = Vec::new();
+    for (account, container) in &workloads {
+        let subcommand = if *account == DNS_ACCOUNT { "dns" } else { "controller" };
+        let resolved = resolve_container(container, "node1", &[]);
+        let command = runnable(&resolved.command, subcommand);
+        assert!(!flags_of(&command).iter().any(|flag| flag == "--kubeconfig"), "{account}: {command:?}");
+        if *account == DNS_ACCOUNT {
+            let port = container["ports"].as_array().into_iter().flatten().find(|port| port["name"] == "dns");
+            dns_port = port.and_then(|port| port["containerPort"].as_u64()).expect("a dns port").try_into().unwrap();
+        }
+        let (_, token) = account_client(admin, &bare.plane, bare.namespace.name(), account);
+        let volume = service_account_volume(&bare.plane, &token, "kube-system");
+        let scratch = volumes.path().join(account);
+        std::fs::create_dir(&scratch).unwrap();
+        let mut env = resolved.env.clone();
+        env.push(("KUBERNETES_SERVICE_HOST".into(), API_ADDRESS.into()));
+        env.push(("KUBERNETES_SERVICE_PORT".into(), API_PORT.to_string()));
+        eprintln!("running {command:?} as {account}");
+        let process = PodProcess { account: volume.path(), scratch: &scratch, env, command };
+        let (_, log) = spawn_as_pod(&bare.plane, account, bare.namespace.name(), &process);
+        logs.push((*account, log, volume));
+    }
+    let tails = || {
+        logs.iter().map(|(account, log, _)| format!("{account} log:\n{}", log_tail(log))).collect::<Vec<_>>().join("\n")
+    };
+
+    // The controller writes the Service's slice with the Pod in it.
+    let selector =
+        "endpointslice.kubernetes.io/managed-by=endpointslice-controller.svcplane.io,kubernetes.io/service-name=web";
+    let written = eventually(SYNCED_WITHIN, || {
+        let slices: Vec<EndpointSlice> = admin.list(Some("default"), Some(selector)).ok()?;
+        slices
+            .iter()
+            .flat_map(|slice| &slice.endpoints)
+            .any(|endpoint| endpoint.addresses.contains(&pod_ip.to_string()))
+            .then_some(())
+    });
+    assert!(written.is_some(), "no slice of web holds {pod_ip} within {SYNCED_WITHIN:?}\n{}", tails());
+
+    // Cluster DNS answers the Service's name from what it watches.
+    let name = "web.default.svc.cluster.local";
+    let answered = eventually(SYNCED_WITHIN, || {
+        (dig(bare.namespace.name(), dns_port, name) == [cluster_ip.to_string()]).then_some(())
+    });
+    assert!(
+        answered.is_some(),
+        "{name} is not answered with {cluster_ip} (last: {:?})\n{}",
+        dig(bare.namespace.name(), dns_port, name),
+        tails()
+    );
+    for (account, log, _) in &logs {
+        bare.plane.check_running(account).unwrap_or_else(|error| panic!("{account}: {error}"));
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        assert!(text.contains("in-cluster config"), "{account} did not say it used the in-cluster config:\n{text}");
+    }
 }
