@@ -208,7 +208,7 @@ fn scrape_latency(
         let mut size = 0;
         for _ in 0..count {
             let started = Instant::now();
-            let (_, _, body) = http::get(address, &path)?;
+            let (_, _, body) = http::get_within(address, &path, Duration::from_secs(60))?;
             samples.push(started.elapsed());
             size = body.len();
         }
@@ -282,6 +282,7 @@ fn main() -> anyhow::Result<()> {
         (HEALTHZ, "/healthz", args.scrapes),
         (HEALTHZ, "/livez", args.scrapes),
         (METRICS, "/status.json", (args.scrapes / 50).max(3)),
+        (METRICS, "/status.json?filter=bench/svc-1", (args.scrapes / 50).max(3)),
     ] {
         let (p50, p99, size) = scrape_latency(&proxy, address, path, count)?;
         println!(

@@ -242,8 +242,17 @@ fn reason(status: u16) -> &'static str {
 
 /// A GET for tests and benchmarks: status, headers (lower-cased names) and body.
 pub fn get(address: SocketAddr, path: &str) -> std::io::Result<(u16, BTreeMap<String, String>, String)> {
+    get_within(address, path, CLIENT_TIMEOUT)
+}
+
+/// [`get`], waiting up to `timeout` for the answer.
+pub fn get_within(
+    address: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> std::io::Result<(u16, BTreeMap<String, String>, String)> {
     let mut stream = TcpStream::connect_timeout(&address, CLIENT_TIMEOUT)?;
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    stream.set_read_timeout(Some(timeout))?;
     write!(stream, "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n")?;
     let mut raw = String::new();
     stream.read_to_string(&mut raw)?;

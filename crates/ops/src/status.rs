@@ -27,6 +27,15 @@ const PAGE: &str = include_str!("status.html");
 const FRESH_VIEW_WAIT: Duration = Duration::from_millis(500);
 /// Warnings kept for the page.
 const RECENT_WARNINGS: usize = 50;
+/// Service ports one answer carries at most (busiest first); a filter finds the others. A
+/// 10k-Service node has 20k+ of them, megabytes no page should redraw every 2 s.
+pub const MAX_SERVICE_PORTS_SHOWN: usize = 200;
+/// Counters read from the kernel are shared by requests this close together (every open
+/// page polls; reading a 10k-Service ruleset takes seconds).
+const COUNTERS_FRESH_FOR: Duration = Duration::from_secs(2);
+
+/// What one read of the kernel's counters gave.
+type CounterRead = Result<Vec<EndpointCounter>, String>;
 
 /// Reads the mode's kernel counters (the binary gives one per mode).
 pub type CounterReader = Box<dyn FnMut() -> Result<Vec<EndpointCounter>, String> + Send>;
@@ -55,7 +64,7 @@ impl RecentWarnings {
 #[derive(Debug, Default)]
 struct Board {
     /// The last view copied from the plan, with the sync generation it shows.
-    view: Option<(u64, Value)>,
+    view: Option<(u64, Arc<Vec<Value>>)>,
     generation: u64,
     last_sync: Option<SystemTime>,
     syncs: u64,
@@ -69,6 +78,8 @@ pub struct StatusBoard {
     /// Someone looked since the last copy: the next loop turn copies the plan.
     wanted: AtomicBool,
     counters: Mutex<Option<CounterReader>>,
+    /// The last read, shared by requests within [`COUNTERS_FRESH_FOR`].
+    last_counters: Mutex<Option<(Instant, CounterRead)>>,
     max_series: usize,
     warnings: Arc<RecentWarnings>,
 }
@@ -94,6 +105,7 @@ impl StatusBoard {
             board: Mutex::default(),
             wanted: AtomicBool::new(false),
             counters: Mutex::new(counters),
+            last_counters: Mutex::new(None),
             max_series,
             warnings,
         }
@@ -103,7 +115,20 @@ impl StatusBoard {
         self.board.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The kernel's counters, merged and capped; an error is shown, not fatal.
+    /// The kernel's counters, read at most every [`COUNTERS_FRESH_FOR`] for the page.
+    fn recent_counters(&self) -> Result<Vec<EndpointCounter>, String> {
+        let mut last = self.last_counters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((at, counters)) = last.as_ref()
+            && at.elapsed() < COUNTERS_FRESH_FOR
+        {
+            return counters.clone();
+        }
+        let counters = self.read_counters();
+        *last = Some((Instant::now(), counters.clone()));
+        counters
+    }
+
+    /// The kernel's counters, merged; an error is shown, not fatal.
     pub fn read_counters(&self) -> Result<Vec<EndpointCounter>, String> {
         let mut reader = self.counters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match reader.as_mut() {
@@ -112,23 +137,57 @@ impl StatusBoard {
         }
     }
 
-    /// What `/status.json` answers.
-    pub fn status_json(&self) -> Value {
+    /// What `/status.json` answers: service ports whose name contains `filter` (all when
+    /// empty), busiest first, at most [`MAX_SERVICE_PORTS_SHOWN`].
+    pub fn status_json(&self, filter: &str) -> Value {
         self.wanted.store(true, Ordering::Release);
         let deadline = Instant::now() + FRESH_VIEW_WAIT;
-        let services = loop {
+        let view: Arc<Vec<Value>> = loop {
             let board = self.board();
             match &board.view {
-                Some((generation, view)) if *generation == board.generation => break view.clone(),
-                stale if Instant::now() >= deadline => break stale.as_ref().map_or(json!([]), |(_, v)| v.clone()),
+                Some((generation, view)) if *generation == board.generation => break Arc::clone(view),
+                stale if Instant::now() >= deadline => {
+                    break stale.as_ref().map_or_else(Arc::default, |(_, view)| Arc::clone(view));
+                }
                 _ => {}
             }
             drop(board);
             std::thread::sleep(Duration::from_millis(20));
         };
-        let (counters, counter_error, omitted) = match self.read_counters() {
+        let counters = self.recent_counters();
+        let by_key: BTreeMap<(String, String), u64> = counters.iter().flatten().fold(BTreeMap::new(), |mut sums, c| {
+            *sums.entry((c.service_port.clone(), c.protocol.to_string())).or_default() += c.connections;
+            sums
+        });
+        let traffic = |port: &Value| {
+            let key = (
+                port["counterKey"].as_str().unwrap_or_default().to_owned(),
+                port["protocol"].as_str().unwrap_or_default().to_owned(),
+            );
+            by_key.get(&key).copied().unwrap_or(0)
+        };
+        let mut matching: Vec<&Value> =
+            view.iter().filter(|port| port["service"].as_str().is_some_and(|name| name.contains(filter))).collect();
+        let total = matching.len();
+        // Stable: equally busy ports keep the plan's order (by name).
+        matching.sort_by_key(|port| std::cmp::Reverse(traffic(port)));
+        matching.truncate(MAX_SERVICE_PORTS_SHOWN);
+        let shown_keys: BTreeSet<(String, String)> = matching
+            .iter()
+            .map(|p| {
+                (
+                    p["counterKey"].as_str().unwrap_or_default().to_owned(),
+                    p["protocol"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        let (counters, counter_error, omitted) = match counters {
             Ok(all) => {
-                let shown = bounded(all, self.max_series);
+                let relevant: Vec<EndpointCounter> = all
+                    .into_iter()
+                    .filter(|c| shown_keys.contains(&(c.service_port.clone(), c.protocol.to_string())))
+                    .collect();
+                let shown = bounded(relevant, self.max_series);
                 let list: Vec<Value> = shown
                     .series
                     .iter()
@@ -147,7 +206,10 @@ impl StatusBoard {
             "node": self.node,
             "lastSync": board.last_sync.map(|t| go_time(Some(t))),
             "syncs": board.syncs,
-            "services": services,
+            "filter": filter,
+            "servicePortsMatching": total,
+            "servicePortsTotal": view.len(),
+            "services": matching,
             "counters": counters,
             "counterError": counter_error,
             "omittedSeries": omitted,
@@ -221,12 +283,12 @@ impl AfterSync for StatusFeed {
             return;
         }
         let view = services_view(plan, state);
-        self.board.board().view = Some((generation, view));
+        self.board.board().view = Some((generation, Arc::new(view)));
     }
 }
 
 /// Each service port of the plan, as the page draws it.
-pub fn services_view(plan: &NodePlan, state: &ClusterState) -> Value {
+pub fn services_view(plan: &NodePlan, state: &ClusterState) -> Vec<Value> {
     let this_node = plan.config.node_name.as_str();
     let mut ports = Vec::with_capacity(plan.service_ports.len());
     for port in plan.service_ports.values() {
@@ -270,13 +332,55 @@ pub fn services_view(plan: &NodePlan, state: &ClusterState) -> Value {
             "endpoints": endpoints.into_values().collect::<Vec<_>>(),
         }));
     }
-    Value::Array(ports)
+    ports
 }
 
 /// `/status` and `/status.json`.
 pub fn status_routes(board: &Arc<StatusBoard>) -> Routes {
     let json_board = Arc::clone(board);
-    Routes::new()
-        .route("/status", |_| Response::new(200, "text/html; charset=utf-8", PAGE))
-        .route("/status.json", move |_| Response::json(200, json_board.status_json().to_string()))
+    Routes::new().route("/status", |_| Response::new(200, "text/html; charset=utf-8", PAGE)).route(
+        "/status.json",
+        move |request| {
+            let filter = query_value(&request.query, "filter").unwrap_or_default();
+            Response::json(200, json_board.status_json(&filter).to_string())
+        },
+    )
+}
+
+/// One `name=value` of a query string, percent-decoded (`+` is a space).
+fn query_value(query: &str, name: &str) -> Option<String> {
+    let raw = query.split('&').find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))?;
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(byte) => {
+                        out.push(byte);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            other => out.push(other),
+        }
+        i += 1;
+    }
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::query_value;
+
+    #[test]
+    fn a_query_value_is_percent_decoded() {
+        assert_eq!(query_value("filter=bench%2Fsvc-1+x&y=2", "filter").as_deref(), Some("bench/svc-1 x"));
+        assert_eq!(query_value("y=2", "filter"), None);
+        assert_eq!(query_value("filter=100%", "filter").as_deref(), Some("100%"));
+    }
 }
