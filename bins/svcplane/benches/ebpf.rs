@@ -116,6 +116,7 @@ fn tcp_port(name: &str, port: u16) -> ServicePort {
 
 fn slice(service: &NamespacedName, family: IpFamily, addresses: &[IpAddr]) -> EndpointSlice {
     EndpointSlice {
+        last_change_trigger: None,
         name: NamespacedName::new(&service.namespace, format!("{}-slice", service.name)),
         service: service.clone(),
         family,

@@ -117,24 +117,44 @@ impl SourceArgs {
     }
 }
 
+/// `proxy` and `render`. Flags that kube-proxy also has keep its names (or are aliases of
+/// ours), so a kube-proxy DaemonSet's arguments work unchanged; how they combine with
+/// `--config` is `EffectiveConfig::resolve`'s (kube-proxy's precedence:
+/// the file wins, but for `--hostname-override` / `--node-name` and logging).
 #[derive(Debug, Clone, Args)]
 pub struct ProxyArgs {
     #[command(flatten)]
     pub source: SourceArgs,
-    /// This node, as in Pod.spec.nodeName.
-    #[arg(long, value_name = "NAME")]
-    pub node_name: String,
+    /// A kube-proxy configuration file (`KubeProxyConfiguration`,
+    /// `kubeproxy.config.k8s.io/v1alpha1`, YAML or JSON). When given, it wins over the
+    /// flags kube-proxy also has, as in kube-proxy (see docs/configuration.md).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Write the effective configuration (defaults, flags or `--config`) to FILE as a
+    /// `KubeProxyConfiguration` and exit.
+    #[arg(long, value_name = "FILE")]
+    pub write_config_to: Option<PathBuf>,
+    /// This node, as in Pod.spec.nodeName (default: the configuration file's
+    /// `hostnameOverride`, else the machine's hostname, lower-cased).
+    #[arg(long = "node-name", visible_alias = "hostname-override", value_name = "NAME")]
+    pub node_name_flag: Option<String>,
     /// This node's addresses (repeatable; default: from the Node object).
     #[arg(long = "node-ip", value_name = "IP")]
     pub node_ips: Vec<IpAddr>,
-    /// The pod network, for the masquerade decision (repeatable: one per family).
-    #[arg(long = "cluster-cidr", value_name = "CIDR")]
+    /// The pod network, for the masquerade decision (comma-separated or repeatable: one
+    /// per family).
+    #[arg(long = "cluster-cidr", value_name = "CIDR", value_delimiter = ',')]
     pub cluster_cidrs: Vec<IpNet>,
     /// Where NodePorts answer: CIDRs, or `primary` for the node's primary addresses
-    /// (repeatable; default: every node address except loopback).
-    #[arg(long = "nodeport-addresses", value_name = "CIDR|primary")]
+    /// (comma-separated or repeatable; default: every node address except loopback).
+    #[arg(long = "nodeport-addresses", value_name = "CIDR|primary", value_delimiter = ',')]
     pub nodeport_addresses: Vec<String>,
-    #[arg(long, value_enum, default_value = "nftables")]
+    /// The proxy mode: nftables (default), iptables, ipvs or ebpf. An empty value means
+    /// iptables, as in kube-proxy.
+    #[arg(long = "mode", visible_alias = "proxy-mode", value_name = "MODE")]
+    pub mode_flag: Option<String>,
+    /// The mode in effect (from `--mode` or `--config`), set by `EffectiveConfig::apply_to`.
+    #[arg(skip = Mode::Nftables)]
     pub mode: Mode,
     /// How nftables mode reaches the kernel.
     #[arg(long, value_enum, default_value = "netlink")]
@@ -145,20 +165,215 @@ pub struct ProxyArgs {
     /// The iptables variant of `--mode iptables`.
     #[arg(long, value_enum, default_value = "auto")]
     pub iptables_backend: IptablesBackend,
-    /// The IPVS scheduler of every virtual service in `--mode ipvs`.
-    #[arg(long, default_value = "rr", value_parser = clap::builder::PossibleValuesParser::new(svcplane_backend_ipvs::SCHEDULERS))]
+    /// The IPVS scheduler of every virtual service in `--mode ipvs` (default rr).
+    #[arg(long = "ipvs-scheduler", value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(svcplane_backend_ipvs::SCHEDULERS))]
+    pub ipvs_scheduler_flag: Option<String>,
+    /// The scheduler in effect, set by `EffectiveConfig::apply_to`.
+    #[arg(skip = String::from("rr"))]
     pub ipvs_scheduler: String,
-    /// IPVS idle timeout of TCP connections, in seconds (0: leave the kernel's).
-    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    /// IPVS idle timeout of TCP connections: seconds or a duration like `15m` (0: leave
+    /// the kernel's).
+    #[arg(long = "ipvs-tcp-timeout", value_name = "DURATION")]
+    pub ipvs_tcp_timeout_flag: Option<String>,
+    /// IPVS timeout of TCP connections after a FIN: seconds or a duration (0: leave the
+    /// kernel's).
+    #[arg(long = "ipvs-tcpfin-timeout", value_name = "DURATION")]
+    pub ipvs_tcpfin_timeout_flag: Option<String>,
+    /// IPVS timeout of UDP flows: seconds or a duration (0: leave the kernel's).
+    #[arg(long = "ipvs-udp-timeout", value_name = "DURATION")]
+    pub ipvs_udp_timeout_flag: Option<String>,
+    /// The IPVS timeouts in effect, in seconds, set by `EffectiveConfig::apply_to`.
+    #[arg(skip)]
     pub ipvs_tcp_timeout: u32,
-    /// IPVS timeout of TCP connections after a FIN, in seconds (0: leave the kernel's).
-    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    #[arg(skip)]
     pub ipvs_tcpfin_timeout: u32,
-    /// IPVS timeout of UDP flows, in seconds (0: leave the kernel's).
-    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    #[arg(skip)]
     pub ipvs_udp_timeout: u32,
     #[command(flatten)]
+    pub kube_proxy: KubeProxyFlags,
+    #[command(flatten)]
     pub ebpf: EbpfArgs,
+    /// Count new connections per endpoint in nftables mode (`--nft-counters=false`: rules
+    /// without `counter`, and `top`, `/status` and the endpoint metrics show nothing).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub nft_counters: bool,
+    /// Endpoint connection counters exported on `/metrics` as
+    /// `svcplane_endpoint_connections_total` (the busiest N; the rest summed in one series).
+    /// 0 turns the export off: each scrape then reads no kernel counters.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub metrics_max_endpoint_series: usize,
+    /// Endpoint counters shown on the `/status` page (the busiest N).
+    #[arg(long, value_name = "N", default_value_t = svcplane_core::counters::DEFAULT_MAX_SERIES)]
+    pub status_max_series: usize,
+}
+
+/// kube-proxy's flags (v1.36) beyond the ones `ProxyArgs` shares with svcplane: the ones
+/// svcplane applies, then (hidden) the ones it accepts and warns about, one warning each.
+#[derive(Debug, Clone, Default, Args)]
+pub struct KubeProxyFlags {
+    /// Where `/healthz` and `/livez` answer: `IP:PORT` or `IP` (port 10256); empty: no
+    /// healthz server (default 0.0.0.0:10256).
+    #[arg(long, value_name = "IP:PORT")]
+    pub healthz_bind_address: Option<String>,
+    /// Where `/metrics`, `/proxyMode` and `/configz` answer: `IP:PORT` or `IP` (port
+    /// 10249); empty: no metrics server (default 127.0.0.1:10249).
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics_bind_address: Option<String>,
+    /// Deprecated in kube-proxy: the health server's port (0 disables it).
+    #[arg(long, value_name = "PORT", hide = true)]
+    pub healthz_port: Option<u16>,
+    /// Deprecated in kube-proxy: the metrics server's port (0 disables it).
+    #[arg(long, value_name = "PORT", hide = true)]
+    pub metrics_port: Option<u16>,
+    /// Exit when a healthz or metrics server cannot bind (default: log it and run on).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub bind_address_hard_fail: Option<bool>,
+    /// Longest time between full resyncs, a duration like `30s` or `1m0s` (default 30s).
+    #[arg(long = "sync-period", value_name = "DURATION")]
+    pub sync_period: Option<String>,
+    /// Shortest time between two syncs, a duration like `1s` or `500ms` (default 1s; 0:
+    /// every change syncs at once).
+    #[arg(long = "min-sync-period", value_name = "DURATION")]
+    pub min_sync_period: Option<String>,
+    /// kube-proxy's `--sync-period` for every mode but ipvs (ignored in ipvs mode, as there).
+    #[arg(long, value_name = "DURATION", hide = true)]
+    pub iptables_sync_period: Option<String>,
+    /// kube-proxy's `--min-sync-period` for every mode but ipvs.
+    #[arg(long, value_name = "DURATION", hide = true)]
+    pub iptables_min_sync_period: Option<String>,
+    /// kube-proxy's `--sync-period` of ipvs mode (ignored in other modes, as there).
+    #[arg(long, value_name = "DURATION", hide = true)]
+    pub ipvs_sync_period: Option<String>,
+    /// kube-proxy's `--min-sync-period` of ipvs mode.
+    #[arg(long, value_name = "DURATION", hide = true)]
+    pub ipvs_min_sync_period: Option<String>,
+    /// The proxy process's oom_score_adj, -1000..=1000 (default -999).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub oom_score_adj: Option<i32>,
+    /// Log verbosity (accepted for kube-proxy's arguments; svcplane's level is SVCPLANE_LOG).
+    #[arg(short = 'v', long = "v", value_name = "LEVEL", hide = true)]
+    pub verbosity: Option<String>,
+    /// As kube-proxy's `--cleanup`: remove what every mode programmed and exit.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", hide = true)]
+    pub cleanup: Option<bool>,
+    /// As kube-proxy's `--init-only`: nothing needs doing before the proxy runs; exits.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", hide = true)]
+    pub init_only: Option<bool>,
+    #[command(flatten)]
+    pub ignored: IgnoredKubeProxyFlags,
+}
+
+/// The rest of kube-proxy's flags, hidden: accepted so a DaemonSet's arguments work. The
+/// conntrack timeout flags are applied like the file's `conntrack` fields; every other one
+/// means nothing to svcplane and is named in one warning.
+#[derive(Debug, Clone, Default, Args)]
+pub struct IgnoredKubeProxyFlags {
+    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub masquerade_all: Option<String>,
+    #[arg(long, hide = true, allow_negative_numbers = true)]
+    pub iptables_masquerade_bit: Option<String>,
+    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub iptables_localhost_nodeports: Option<String>,
+    #[arg(long, hide = true)]
+    pub conntrack_max_per_core: Option<String>,
+    #[arg(long, hide = true)]
+    pub conntrack_min: Option<String>,
+    #[arg(long, hide = true)]
+    pub conntrack_tcp_timeout_established: Option<String>,
+    #[arg(long, hide = true)]
+    pub conntrack_tcp_timeout_close_wait: Option<String>,
+    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub conntrack_tcp_be_liberal: Option<String>,
+    #[arg(long, hide = true)]
+    pub conntrack_udp_timeout: Option<String>,
+    #[arg(long, hide = true)]
+    pub conntrack_udp_timeout_stream: Option<String>,
+    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub profiling: Option<String>,
+    #[arg(long, hide = true)]
+    pub feature_gates: Option<String>,
+    #[arg(long, hide = true)]
+    pub detect_local_mode: Option<String>,
+    #[arg(long, hide = true)]
+    pub pod_bridge_interface: Option<String>,
+    #[arg(long, hide = true)]
+    pub pod_interface_name_prefix: Option<String>,
+    #[arg(long, hide = true)]
+    pub bind_address: Option<String>,
+    #[arg(long, hide = true)]
+    pub config_sync_period: Option<String>,
+    #[arg(long, hide = true)]
+    pub kube_api_qps: Option<String>,
+    #[arg(long, hide = true)]
+    pub kube_api_burst: Option<String>,
+    #[arg(long, hide = true)]
+    pub kube_api_content_type: Option<String>,
+    #[arg(long, hide = true)]
+    pub master: Option<String>,
+    #[arg(long, hide = true)]
+    pub ipvs_exclude_cidrs: Option<String>,
+    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub ipvs_strict_arp: Option<String>,
+    #[arg(long, hide = true)]
+    pub show_hidden_metrics_for_version: Option<String>,
+    #[arg(long, hide = true)]
+    pub vmodule: Option<String>,
+    #[arg(long, hide = true)]
+    pub logging_format: Option<String>,
+    #[arg(long, hide = true)]
+    pub log_flush_frequency: Option<String>,
+    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub log_text_split_stream: Option<String>,
+    #[arg(long, hide = true)]
+    pub log_text_info_buffer_size: Option<String>,
+    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub log_json_split_stream: Option<String>,
+    #[arg(long, hide = true)]
+    pub log_json_info_buffer_size: Option<String>,
+    #[arg(long, hide = true)]
+    pub boot_id_file: Option<String>,
+}
+
+impl IgnoredKubeProxyFlags {
+    /// The flags given that svcplane does not apply, as `--name`, in kube-proxy's order
+    /// (the conntrack timeout flags are applied: not listed).
+    pub fn given(&self) -> Vec<&'static str> {
+        let all: [(&'static str, bool); 27] = [
+            ("--masquerade-all", self.masquerade_all.is_some()),
+            ("--iptables-masquerade-bit", self.iptables_masquerade_bit.is_some()),
+            ("--iptables-localhost-nodeports", self.iptables_localhost_nodeports.is_some()),
+            ("--conntrack-max-per-core", self.conntrack_max_per_core.is_some()),
+            ("--conntrack-min", self.conntrack_min.is_some()),
+            ("--profiling", self.profiling.is_some()),
+            ("--feature-gates", self.feature_gates.is_some()),
+            ("--detect-local-mode", self.detect_local_mode.is_some()),
+            ("--pod-bridge-interface", self.pod_bridge_interface.is_some()),
+            ("--pod-interface-name-prefix", self.pod_interface_name_prefix.is_some()),
+            ("--bind-address", self.bind_address.is_some()),
+            ("--config-sync-period", self.config_sync_period.is_some()),
+            ("--kube-api-qps", self.kube_api_qps.is_some()),
+            ("--kube-api-burst", self.kube_api_burst.is_some()),
+            ("--kube-api-content-type", self.kube_api_content_type.is_some()),
+            ("--master", self.master.is_some()),
+            ("--ipvs-exclude-cidrs", self.ipvs_exclude_cidrs.is_some()),
+            ("--ipvs-strict-arp", self.ipvs_strict_arp.is_some()),
+            ("--show-hidden-metrics-for-version", self.show_hidden_metrics_for_version.is_some()),
+            ("--vmodule", self.vmodule.is_some()),
+            ("--logging-format", self.logging_format.is_some()),
+            ("--log-flush-frequency", self.log_flush_frequency.is_some()),
+            ("--log-text-split-stream", self.log_text_split_stream.is_some()),
+            ("--log-text-info-buffer-size", self.log_text_info_buffer_size.is_some()),
+            ("--log-json-split-stream", self.log_json_split_stream.is_some()),
+            ("--log-json-info-buffer-size", self.log_json_info_buffer_size.is_some()),
+            ("--boot-id-file", self.boot_id_file.is_some()),
+        ];
+        all.into_iter().filter(|(_, given)| *given).map(|(name, _)| name).collect()
+    }
+
+    /// `--detect-local-mode`'s value, which is fine when it names what svcplane does.
+    pub fn detect_local_mode(&self) -> Option<&str> {
+        self.detect_local_mode.as_deref()
+    }
 }
 
 /// Where `--mode ebpf` pins its BPF objects and which processes it balances.

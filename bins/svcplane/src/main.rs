@@ -1,13 +1,16 @@
 //! `svcplane`: one binary, subcommands. Wiring only: every decision lives in the crates.
 
 mod cli;
+mod config;
 mod controller;
 mod dns;
 mod explain;
 mod feeds;
 mod lab;
 mod modes;
+mod ops;
 mod proxy;
+mod recent;
 mod top;
 
 use std::process::ExitCode;
@@ -17,13 +20,19 @@ use clap::Parser;
 use crate::cli::{Cli, Command};
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SVCPLANE_LOG")
-                .unwrap_or_else(|_| "info,hickory_server=warn".into()),
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SVCPLANE_LOG")
+        .unwrap_or_else(|_| "info,hickory_server=warn".into());
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_filter(filter),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with(recent::RecentWarningsLayer)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {

@@ -22,7 +22,7 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
                 }
                 NftMechanism::Cli => NftClient::Cli(NftCli::new().with_program(args.nft_program.clone())),
             };
-            Box::new(NftablesBackend::new(client))
+            Box::new(NftablesBackend::new(client).with_counting(args.nft_counters))
         }
         Mode::Iptables => Box::new(IptablesBackend::new(IptablesCli::new(iptables_variant(args.iptables_backend)))),
         Mode::Ebpf => Box::new(EbpfBackend::new(ebpf_options(&args.ebpf))),
@@ -97,7 +97,9 @@ pub fn every_mode(args: &CleanupArgs) -> Vec<Box<dyn Dataplane>> {
 /// kernel.
 pub fn for_render(args: &ProxyArgs) -> Box<dyn Dataplane> {
     match args.mode {
-        Mode::Nftables => Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new()))),
+        Mode::Nftables => {
+            Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new())).with_counting(args.nft_counters))
+        }
         Mode::Iptables => Box::new(IptablesBackend::new(svcplane_iptables::FakeIptables::new())),
         Mode::Ebpf => Box::new(EbpfBackend::new(EbpfOptions::default())),
         // Renders without opening anything.

@@ -11,10 +11,26 @@ use svcplane_sync::{HealthServers, LoopSettings, StaleUdpCleanup, SyncLoop};
 use tracing::info;
 
 use crate::cli::{CleanupArgs, ProxyArgs};
-use crate::{feeds, modes};
+use crate::config::EffectiveConfig;
+use crate::{feeds, modes, ops};
 
-pub fn node_config(args: &ProxyArgs) -> anyhow::Result<NodeConfig> {
-    node_config_of(&args.node_name, &args.node_ips, &args.cluster_cidrs, &args.nodeport_addresses)
+/// The plan settings of the effective configuration.
+pub fn node_config(effective: &EffectiveConfig, args: &ProxyArgs) -> anyhow::Result<NodeConfig> {
+    node_config_of(&effective.node_name, &args.node_ips, &effective.cluster_cidrs, &effective.nodeport_addresses)
+}
+
+/// What `proxy` and `render` share before they differ: the effective configuration (one
+/// warning per field or flag not applied), `--write-config-to`, and the arguments the
+/// modes and feeds read, resolved. `None`: nothing more to do.
+fn prepare(args: &ProxyArgs) -> anyhow::Result<Option<(EffectiveConfig, ProxyArgs)>> {
+    let effective = EffectiveConfig::resolve(args)?;
+    if let Some(path) = &args.write_config_to {
+        effective.write_config(path)?;
+        info!(file = %path.display(), "wrote the configuration");
+        return Ok(None);
+    }
+    let resolved = effective.apply_to(args);
+    Ok(Some((effective, resolved)))
 }
 
 /// The plan settings from the node flags every planning command shares.
@@ -49,33 +65,77 @@ pub fn node_config_of(
 /// Programs the node and keeps it in sync until SIGTERM or SIGINT. The rules stay in place
 /// on exit, so traffic keeps flowing across a restart; `svcplane cleanup` removes them.
 pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
+    let Some((effective, args)) = prepare(args)? else { return Ok(()) };
+    let args = &args;
+    if args.kube_proxy.cleanup == Some(true) {
+        return cleanup(&CleanupArgs { ebpf: args.ebpf.clone() });
+    }
+    if args.kube_proxy.init_only == Some(true) {
+        info!("--init-only: svcplane needs no initialisation before it runs; exiting");
+        return Ok(());
+    }
+    effective.apply_oom_score_adj();
+    effective.apply_conntrack();
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing the signal handler")?;
     }
-    let config = node_config(args)?;
-    let mut sync = SyncLoop::new(config, modes::dataplane(args)?, LoopSettings::default())
-        .with_hook(Box::new(HealthServers::default()));
+    let config = node_config(&effective, args)?;
+    let dataplane = modes::dataplane(args)?;
+    let counters = counter_reader(args);
+    let ops = ops::start(&ops_settings(&effective, args), &effective.node_name, dataplane.mode(), counters)?;
+    let settings = LoopSettings { min_sync_interval: effective.min_sync_period, ..LoopSettings::default() };
+    let mut sync = SyncLoop::new(config, dataplane, settings)
+        .with_hook(Box::new(HealthServers::default()))
+        .with_hook(Box::new(ops.feed))
+        .with_hook(Box::new(ops.status));
     if modes::uses_kernel_conntrack(args.mode) {
         sync = sync.with_hook(Box::new(StaleUdpCleanup::default()));
     }
     let (sender, feed) = mpsc::channel();
-    let feeding = feeds::spawn_changes(&args.source, &args.node_name, sender, Arc::clone(&stop))?;
+    let feeding = feeds::spawn_changes(&args.source, &effective.node_name, sender, Arc::clone(&stop))?;
     sync.run(&feed, &stop);
     stop.store(true, Ordering::Relaxed);
     drop(feed);
     let _ = feeding.join();
+    drop(ops.servers);
     info!("stopped; the rules stay in place (`svcplane cleanup` removes them)");
     Ok(())
 }
 
+/// The healthz and metrics servers' settings from the effective configuration: as
+/// kube-proxy's `/healthz`, a change waiting longer than twice the sync period is stale.
+fn ops_settings(effective: &EffectiveConfig, args: &ProxyArgs) -> ops::OpsSettings {
+    ops::OpsSettings {
+        healthz: effective.healthz_bind_address,
+        metrics: effective.metrics_bind_address,
+        hard_fail: effective.bind_address_hard_fail,
+        health_timeout: 2 * effective.sync_period,
+        configz_json: effective.to_configz_json().to_string(),
+        metrics_max_endpoint_series: args.metrics_max_endpoint_series,
+        status_max_series: args.status_max_series,
+    }
+}
+
+/// Reads the kernel's counters apart from the sync loop's dataplane, so a page view or a
+/// scrape never waits for a sync (nor a sync for them).
+fn counter_reader(args: &ProxyArgs) -> Option<svcplane_ops::status::CounterReader> {
+    if args.mode == crate::cli::Mode::Nftables && !args.nft_counters {
+        return None;
+    }
+    let mut reader = modes::for_counters(args.mode, args.iptables_backend, &args.ebpf.bpf_root);
+    Some(Box::new(move || reader.counters().map_err(|error| error.to_string())))
+}
+
 /// Prints what `proxy` would program from scratch, touching nothing.
 pub fn render(args: &ProxyArgs) -> anyhow::Result<()> {
+    let Some((effective, args)) = prepare(args)? else { return Ok(()) };
+    let args = &args;
     let mut state = ClusterState::new();
-    for change in feeds::read_changes(&args.source, &args.node_name)? {
+    for change in feeds::read_changes(&args.source, &effective.node_name)? {
         state.apply(change);
     }
-    let plan = NodePlan::build(&state, node_config(args)?);
+    let plan = NodePlan::build(&state, node_config(&effective, args)?);
     let text = modes::for_render(args).render(&plan).map_err(anyhow::Error::from_boxed)?;
     print!("{text}");
     // Served by the proxy itself, not by the kernel; shown so the output is the whole story.

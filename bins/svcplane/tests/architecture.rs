@@ -31,6 +31,7 @@ const ALLOWED: &[(&str, &[&str], &str)] = &[
     ("sync", &["core", "conntrack", "net"], "the loop drives any Dataplane and its after-sync hooks"),
     ("dns", &["core", "net"], "DNS consumes the core's discovery model, like a mode consumes the plan"),
     ("metrics", &[], "metrics are a leaf: fed by the sync loop and the binary, served by the binary"),
+    ("ops", &["core", "metrics", "sync"], "health and metrics follow the loop through a hook; they decide nothing"),
     ("testbed", &["net"], "test labs know no Service logic"),
     ("control-plane", &["testbed"], "test support: upstream processes in lab namespaces"),
     ("testing", &["core", "net", "nft", "iptables", "testbed"], "test support"),

@@ -49,6 +49,7 @@ fn pod_ip(s: usize, e: usize, endpoints: usize) -> Ipv4Addr {
 
 fn slice(s: usize, endpoints: usize, moved: Option<Ipv4Addr>) -> EndpointSlice {
     EndpointSlice {
+        last_change_trigger: None,
         name: NamespacedName::new("bench", format!("svc-{s}-slice")),
         service: NamespacedName::new("bench", format!("svc-{s}")),
         family: IpFamily::V4,

@@ -199,40 +199,39 @@ fn wait_for_upstream_slices(kube: &KubeLab, services: &BTreeSet<String>) {
     assert!(done.is_some(), "kube-controller-manager did not write the slices of {services:?} in time");
 }
 
+/// What kubeadm's kube-proxy ConfigMap would hold for this lab (`config.conf`).
+fn kube_proxy_configuration(kubeconfig: &str) -> String {
+    format!(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+         clientConnection:\n  kubeconfig: {kubeconfig}\nmode: nftables\nclusterCIDR: {}\n\
+         nodePortAddresses: [primary]\nmetricsBindAddress: 127.0.0.1:10249\nhealthzBindAddress: 0.0.0.0:10256\n\
+         conntrack:\n  maxPerCore: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n",
+        CLUSTER_CIDRS.join(",")
+    )
+}
+
 fn start_side(binaries: &UpstreamBinaries, implementation: Implementation) -> Side {
     let kube = KubeLab::start_without_nodes(binaries, build_lab());
     let selecting = load_fixture(&kube);
     kube.plane.start_controller_manager("endpointslice-controller").expect("kube-controller-manager");
     wait_for_upstream_slices(&kube, &selecting);
     let kubeconfig = kube.plane.kubeconfig().display().to_string();
+    // One KubeProxyConfiguration file and kubeadm's DaemonSet arguments, the same for both:
+    // svcplane runs what a kube-proxy DaemonSet runs, unchanged.
+    let config = kube.plane.dir().join(format!("kube-proxy-config-{}.yaml", implementation.name()));
+    std::fs::write(&config, kube_proxy_configuration(&kubeconfig)).expect("writing the configuration file");
     let mut logs = Vec::new();
     for node in [THIS_NODE, OTHER_NODE] {
         let lab_node = kube.lab.node(node);
-        let args: Vec<String> = match implementation {
-            Implementation::KubeProxy => vec![
-                format!("--kubeconfig={kubeconfig}"),
-                format!("--hostname-override={}", lab_node.name()),
-                "--proxy-mode=nftables".into(),
-                format!("--cluster-cidr={}", CLUSTER_CIDRS.join(",")),
-                "--nodeport-addresses=primary".into(),
-                "--conntrack-max-per-core=0".into(),
-                "--conntrack-tcp-timeout-established=0s".into(),
-                "--conntrack-tcp-timeout-close-wait=0s".into(),
-                "--metrics-bind-address=127.0.0.1:10249".into(),
-                "--v=2".into(),
-            ],
-            Implementation::Svcplane => {
-                let [v4, v6] = lab_node.ips().map(|ip| ip.to_string());
-                let mut args: Vec<String> =
-                    ["proxy", "--kubeconfig", &kubeconfig, "--node-name", lab_node.name()].map(String::from).to_vec();
-                args.extend(["--node-ip".into(), v4, "--node-ip".into(), v6]);
-                for cidr in CLUSTER_CIDRS {
-                    args.extend(["--cluster-cidr".to_owned(), cidr.to_owned()]);
-                }
-                args.extend(["--nodeport-addresses".to_owned(), "primary".to_owned()]);
-                args
-            }
+        let mut args: Vec<String> = match implementation {
+            Implementation::KubeProxy => Vec::new(),
+            Implementation::Svcplane => vec!["proxy".into()],
         };
+        args.extend([
+            format!("--config={}", config.display()),
+            format!("--hostname-override={}", lab_node.name()),
+            "--v=2".into(),
+        ]);
         let program = match implementation {
             Implementation::KubeProxy => "kube-proxy",
             Implementation::Svcplane => env!("CARGO_BIN_EXE_svcplane"),
@@ -278,6 +277,117 @@ impl Side {
             self.log_tails()
         );
     }
+}
+
+/// What node1's proxy answers on its healthz and metrics servers, as probes and scrapers
+/// see it: status codes and JSON keys, `/proxyMode`, and each `kubeproxy_` metric family
+/// with its type and label names.
+#[derive(Debug)]
+struct Operational {
+    healthz: (u16, BTreeSet<String>),
+    livez: (u16, BTreeSet<String>),
+    proxy_mode: String,
+    families: BTreeMap<String, (String, BTreeSet<String>)>,
+}
+
+fn json_keys(body: &str) -> BTreeSet<String> {
+    let value: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
+    let mut keys = BTreeSet::new();
+    for (key, inner) in value.as_object().into_iter().flatten() {
+        keys.insert(key.clone());
+        for (family, fields) in inner.as_object().into_iter().flatten() {
+            for field in fields.as_object().into_iter().flatten().map(|(k, _)| k) {
+                keys.insert(format!("{key}.{family}.{field}"));
+            }
+        }
+    }
+    keys
+}
+
+fn operational(side: &Side) -> Operational {
+    let node = side.lab().node(THIS_NODE);
+    let namespace = node.namespace_name().to_owned();
+    let healthz = SocketAddr::new(node.ip_v4().into(), 10256);
+    let metrics: SocketAddr = "127.0.0.1:10249".parse().expect("an address");
+    let get = |address: SocketAddr, path: &str| {
+        let path = path.to_owned();
+        let (status, _, body) =
+            svcplane_testbed::run_in_namespace(&namespace, move || svcplane_ops::http::get(address, &path))
+                .expect("entering node1")
+                .unwrap_or_else(|error| panic!("{}: GET {address}: {error}", side.implementation.name()));
+        (status, body)
+    };
+    let (healthz_status, healthz_body) = get(healthz, "/healthz");
+    let (livez_status, livez_body) = get(healthz, "/livez");
+    let mut families: BTreeMap<String, (String, BTreeSet<String>)> = BTreeMap::new();
+    for line in get(metrics, "/metrics").1.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            if let (Some(name), Some(kind)) = (parts.next(), parts.next()) {
+                families.entry(name.to_owned()).or_default().0 = kind.to_owned();
+            }
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix).filter(|f| families.contains_key(*f)))
+                .unwrap_or(name);
+            let labels = line.split_once('{').and_then(|(_, rest)| rest.split_once('}')).map(|(l, _)| l).unwrap_or("");
+            let entry = families.entry(family.to_owned()).or_default();
+            for label in labels.split(',').filter_map(|pair| pair.split_once('=')).map(|(k, _)| k) {
+                if label != "le" {
+                    entry.1.insert(label.to_owned());
+                }
+            }
+        }
+    }
+    families.retain(|name, _| name.starts_with("kubeproxy_"));
+    Operational {
+        healthz: (healthz_status, json_keys(&healthz_body)),
+        livez: (livez_status, json_keys(&livez_body)),
+        proxy_mode: get(metrics, "/proxyMode").1.trim().to_owned(),
+        families,
+    }
+}
+
+/// Probes and scrapers must read svcplane as they read kube-proxy: same codes, same JSON
+/// keys, and every `kubeproxy_` family kube-proxy serves is served alike (type and label
+/// names) or named in docs/operations.md as not covered.
+fn compare_operational_endpoints(theirs: &Operational, mine: &Operational) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (what, a, b) in [("/healthz", &theirs.healthz, &mine.healthz), ("/livez", &theirs.livez, &mine.livez)] {
+        if a != b {
+            failures.push(format!("{what}\n    kube-proxy: {a:?}\n    svcplane:   {b:?}"));
+        }
+    }
+    if theirs.proxy_mode != mine.proxy_mode {
+        failures.push(format!("/proxyMode: kube-proxy {:?}, svcplane {:?}", theirs.proxy_mode, mine.proxy_mode));
+    }
+    let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md"))
+        .expect("docs/operations.md");
+    let (mut alike, mut documented) = (0, 0);
+    for (name, (kind, labels)) in &theirs.families {
+        match mine.families.get(name) {
+            // A family svcplane has not fed yet shows no labels; its type must still agree.
+            Some((my_kind, my_labels)) if my_kind == kind && (my_labels == labels || my_labels.is_empty()) => {
+                alike += 1;
+            }
+            Some(other) => failures.push(format!(
+                "metric {name}\n    kube-proxy: {kind} {labels:?}\n    svcplane:   {} {:?}",
+                other.0, other.1
+            )),
+            None if docs.contains(&format!("`{name}`")) => documented += 1,
+            None => failures.push(format!(
+                "kube-proxy serves {name} ({kind} {labels:?}); svcplane neither does nor lists it in docs/operations.md"
+            )),
+        }
+    }
+    eprintln!(
+        "operational endpoints: /healthz, /livez, /proxyMode compared; of kube-proxy's {} kubeproxy_ families, \
+         {alike} served alike and {documented} listed as not covered",
+        theirs.families.len()
+    );
+    failures
 }
 
 /// What one row's probes saw in one lab.
@@ -436,9 +546,10 @@ fn upstream_kube_proxy_and_svcplane_answer_every_scenario_row_alike_from_the_sam
         }
     }
     eprintln!("{same} of {} rows alike", results.len());
+    failures.extend(compare_operational_endpoints(&operational(&upstream), &operational(&ours)));
     if !failures.is_empty() {
         panic!(
-            "{} of {} rows differ between upstream kube-proxy and svcplane:\n{}\n\nkube-proxy logs:\n{}\nsvcplane logs:\n{}",
+            "{} differences between upstream kube-proxy and svcplane ({} rows compared, then the healthz and metrics servers):\n{}\n\nkube-proxy logs:\n{}\nsvcplane logs:\n{}",
             failures.len(),
             results.len(),
             failures.join("\n"),

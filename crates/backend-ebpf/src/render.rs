@@ -262,9 +262,15 @@ mod tests {
 
     fn plan_of(service: Service, endpoints: &[(&str, &str)]) -> NodePlan {
         let mut state = ClusterState::new();
-        state.apply(Change::NodeUpserted(Node { name: "node1".into(), addresses: vec![ip(NODE_IP)], zone: None }));
+        state.apply(Change::NodeUpserted(Node {
+            leaving: false,
+            name: "node1".into(),
+            addresses: vec![ip(NODE_IP)],
+            zone: None,
+        }));
         let protocol = service.ports[0].protocol;
         let slice = EndpointSlice {
+            last_change_trigger: None,
             name: NamespacedName::new("default", format!("{}-1", service.name.name)),
             service: service.name.clone(),
             family: IpFamily::V4,

@@ -37,6 +37,7 @@ fn service(name: &str, ip: &str, service_type: ServiceType) -> Service {
 fn slice(service: &str, endpoints: &[(&str, &str)]) -> EndpointSlice {
     let family = if endpoints.first().is_some_and(|(ip, _)| ip.contains(':')) { IpFamily::V6 } else { IpFamily::V4 };
     EndpointSlice {
+        last_change_trigger: None,
         name: NamespacedName::new("default", format!("{service}-slice-{family:?}")),
         service: NamespacedName::new("default", service),
         family,

@@ -350,6 +350,7 @@ mod tests {
             service.session_affinity = Some(ClientIpAffinity { timeout: Duration::from_secs(600) });
         }
         let slice = EndpointSlice {
+            last_change_trigger: None,
             name: NamespacedName::new("default", "web-abc"),
             service: NamespacedName::new("default", "web"),
             family: IpFamily::V4,

@@ -119,6 +119,7 @@ mod tests {
         );
         service.service_type = ServiceType::NodePort;
         let slice = EndpointSlice {
+            last_change_trigger: None,
             name: NamespacedName::new("default", "web-abc"),
             service: NamespacedName::new("default", "web"),
             family: IpFamily::V4,

@@ -11,5 +11,5 @@ pub mod names;
 pub mod render;
 pub mod sync;
 
-pub use render::{MASQUERADE_MARK, TABLE, render_port, table_name};
+pub use render::{MASQUERADE_MARK, TABLE, render_port, render_port_counting, table_name};
 pub use sync::{NftablesBackend, SyncError, SyncReport, render_full};

@@ -399,6 +399,20 @@ fn route_chain_name(frontend: &Frontend, plan: &ServicePortPlan) -> String {
     }
 }
 
+/// [`render_port`] with or without the per-endpoint `counter` statements: counting costs a
+/// little per new connection (docs/benchmarks.md), and an operator may turn it off.
+pub fn render_port_counting(plan: &ServicePortPlan, counting: bool) -> PortObjects {
+    let mut objects = render_port(plan);
+    if !counting {
+        for (_, rules) in &mut objects.chains {
+            for rule in rules {
+                rule.statements.retain(|statement| !matches!(statement, Statement::Counter));
+            }
+        }
+    }
+    objects
+}
+
 /// Everything one service port owns in its family's table.
 pub fn render_port(plan: &ServicePortPlan) -> PortObjects {
     let family = plan.family;

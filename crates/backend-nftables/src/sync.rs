@@ -11,7 +11,7 @@ use svcplane_core::{Dataplane, DataplaneError, IpFamily, NodePlan, PlanDiff, Pla
 use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, Transaction};
 use tracing::warn;
 
-use crate::render::{PortObjects, base_operations, hairpin_element, render_port, table_name};
+use crate::render::{PortObjects, base_operations, hairpin_element, render_port_counting, table_name};
 
 /// Why a sync failed. The previous ruleset stays in place (transactions are atomic) and
 /// the next sync is a full one.
@@ -50,6 +50,8 @@ pub struct NftablesBackend<N> {
     replace_table: bool,
     drift_check_interval: Duration,
     last_drift_check: Option<Instant>,
+    /// Per-endpoint `counter` statements in the DNAT rules (on by default).
+    counting: bool,
 }
 
 /// How often [`NftablesBackend::find_drift`] asks the kernel: the loop may call it every
@@ -71,12 +73,16 @@ const CANARY_CHAINS: [&str; 2] = ["services", "nat-prerouting"];
 /// the clients they remember. Chains and sets of Services that are gone stay behind empty
 /// and unreferenced until the table is deleted (`svcplane cleanup`).
 pub fn render_full(plan: &NodePlan, families: &[IpFamily]) -> Vec<Transaction> {
-    render_full_with_objects(plan, families).into_iter().map(|(transaction, _)| transaction).collect()
+    render_full_with_objects(plan, families, true).into_iter().map(|(transaction, _)| transaction).collect()
 }
 
 /// [`render_full`], with each family's service ports rendered (once) beside its transaction,
 /// for the record a full sync keeps.
-fn render_full_with_objects(plan: &NodePlan, families: &[IpFamily]) -> Vec<(Transaction, Vec<(PlanKey, PortObjects)>)> {
+fn render_full_with_objects(
+    plan: &NodePlan,
+    families: &[IpFamily],
+    counting: bool,
+) -> Vec<(Transaction, Vec<(PlanKey, PortObjects)>)> {
     families
         .iter()
         .map(|&family| {
@@ -84,7 +90,7 @@ fn render_full_with_objects(plan: &NodePlan, families: &[IpFamily]) -> Vec<(Tran
             let mut hairpin: HashSet<IpAddr> = HashSet::new();
             let mut rendered = Vec::new();
             for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
-                let objects = render_port(port_plan);
+                let objects = render_port_counting(port_plan, counting);
                 operations.extend(objects.sets.iter().cloned().map(Operation::AddSet));
                 add_chains(&mut operations, &objects.chains);
                 operations.extend(objects.elements.iter().cloned().map(Operation::AddElement));
@@ -241,7 +247,14 @@ impl<N: Nftables> NftablesBackend<N> {
             replace_table: false,
             drift_check_interval: DEFAULT_DRIFT_CHECK_INTERVAL,
             last_drift_check: None,
+            counting: true,
         }
+    }
+
+    /// With `false`, endpoint rules carry no `counter`: `counters()` then reads nothing.
+    pub fn with_counting(mut self, counting: bool) -> Self {
+        self.counting = counting;
+        self
     }
 
     /// How often drift checks actually ask the kernel.
@@ -304,7 +317,7 @@ impl<N: Nftables> NftablesBackend<N> {
     }
 
     fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, SyncError> {
-        let mut rendered = render_full_with_objects(plan, &self.families);
+        let mut rendered = render_full_with_objects(plan, &self.families, self.counting);
         if self.replace_table {
             for (transaction, _) in &mut rendered {
                 transaction.operations.splice(0..0, [Operation::AddTable { comment: None }, Operation::DeleteTable]);
@@ -340,7 +353,7 @@ impl<N: Nftables> NftablesBackend<N> {
             let mut rendered: Vec<(PlanKey, Option<PortObjects>)> = Vec::new();
             let mut hairpin_delta: HashMap<IpAddr, isize> = HashMap::new();
             for key in changed.keys().filter(|key| key.family == family) {
-                let new = plan.service_ports.get(key).map(render_port);
+                let new = plan.service_ports.get(key).map(|port| render_port_counting(port, self.counting));
                 let old = self.written.get(key).unwrap_or(&empty);
                 phases.diff(old, new.as_ref().unwrap_or(&empty));
                 for address in &old.endpoint_addresses {
@@ -426,7 +439,7 @@ impl<N: Nftables + Send + std::fmt::Debug> Dataplane for NftablesBackend<N> {
 
     fn render(&self, plan: &NodePlan) -> Result<String, DataplaneError> {
         let mut text = String::new();
-        for transaction in render_full(plan, &self.families) {
+        for (transaction, _) in render_full_with_objects(plan, &self.families, self.counting) {
             text.push_str(&svcplane_nft::render(&transaction)?);
         }
         Ok(text)

@@ -31,6 +31,7 @@ fn service(name: &str, ip: &str, service_type: ServiceType) -> Service {
 
 fn slice(service: &str, endpoints: &[(&str, &str)]) -> EndpointSlice {
     EndpointSlice {
+        last_change_trigger: None,
         name: NamespacedName::new("default", format!("{service}-slice")),
         service: NamespacedName::new("default", service),
         family: IpFamily::V4,

@@ -91,6 +91,7 @@ mod tests {
 
     fn slice(protocol: Protocol, addresses: &[&str]) -> EndpointSlice {
         EndpointSlice {
+            last_change_trigger: None,
             name: NamespacedName::new("kube-system", "dns-1"),
             service: NamespacedName::new("kube-system", "dns"),
             family: IpFamily::V4,

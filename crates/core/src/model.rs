@@ -198,6 +198,9 @@ pub struct EndpointSlice {
     pub family: IpFamily,
     pub ports: Vec<EndpointPort>,
     pub endpoints: Vec<Endpoint>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time`: when the change this slice
+    /// carries happened (a Pod turned ready, say); network programming latency counts from it.
+    pub last_change_trigger: Option<std::time::SystemTime>,
 }
 
 /// The node the proxy runs on, as far as endpoint selection cares.
@@ -207,4 +210,7 @@ pub struct Node {
     pub addresses: Vec<IpAddr>,
     /// `topology.kubernetes.io/zone`.
     pub zone: Option<String>,
+    /// Being deleted (`deletionTimestamp`) or tainted `ToBeDeletedByClusterAutoscaler`:
+    /// load balancers should stop sending new traffic here (`/healthz` turns 503).
+    pub leaving: bool,
 }

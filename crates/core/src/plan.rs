@@ -555,6 +555,7 @@ mod tests {
 
     fn slice(endpoints: &[(&str, &str)]) -> EndpointSlice {
         EndpointSlice {
+            last_change_trigger: None,
             name: NamespacedName::new("default", "web-abc"),
             service: NamespacedName::new("default", "web"),
             family: IpFamily::V4,

@@ -108,7 +108,7 @@ mod tests {
     }
 
     fn node() -> Node {
-        Node { name: "node1".into(), addresses: vec![], zone: Some("zone-a".into()) }
+        Node { leaving: false, name: "node1".into(), addresses: vec![], zone: Some("zone-a".into()) }
     }
 
     fn endpoint(ip: &str, node: &str) -> ServiceEndpoint {

@@ -201,6 +201,7 @@ mod tests {
 
     fn slice(name: &str, addresses: &[&str]) -> EndpointSlice {
         EndpointSlice {
+            last_change_trigger: None,
             name: NamespacedName::new("default", name),
             service: NamespacedName::new("default", "web"),
             family: IpFamily::V4,

@@ -526,7 +526,8 @@ pub fn slice_to_core(slice: &EndpointSlice) -> Result<Option<model::EndpointSlic
 
     let name = namespaced_name(&check.object);
     let service = NamespacedName::new(name.namespace.clone(), service_name.clone());
-    check.finish(model::EndpointSlice { name, service, family, ports, endpoints })
+    let last_change_trigger = trigger_time(meta);
+    check.finish(model::EndpointSlice { name, service, family, ports, endpoints, last_change_trigger })
 }
 
 /// Converts a Node: its `InternalIP` then `ExternalIP` addresses (unparsable ones are
@@ -550,6 +551,29 @@ pub fn node_to_core(node: &Node) -> model::Node {
         name: meta.name.clone().unwrap_or_default(),
         addresses,
         zone: meta.labels.as_ref().and_then(|l| l.get(ZONE_LABEL)).filter(|z| !z.is_empty()).cloned(),
+        leaving: meta.deletion_timestamp.is_some()
+            || node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|taints| taints.iter().any(|t| t.key == TO_BE_DELETED_TAINT)),
+    }
+}
+
+/// The taint the cluster autoscaler puts on a node it is about to delete.
+const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// The slice's last-change-trigger-time; an unparsable one is ignored (it only feeds a
+/// latency metric, never the rules).
+fn trigger_time(meta: &ObjectMeta) -> Option<std::time::SystemTime> {
+    let text = meta.annotations.as_ref()?.get(TRIGGER_TIME_ANNOTATION)?;
+    match text.parse::<jiff::Timestamp>() {
+        Ok(at) => Some(std::time::SystemTime::from(at)),
+        Err(error) => {
+            debug!(annotation = TRIGGER_TIME_ANNOTATION, value = %text, "ignoring an unparsable trigger time: {error}");
+            None
+        }
     }
 }
 
@@ -874,5 +898,29 @@ mod tests {
         assert_eq!(parse_ip("010.000.000.001"), Some("10.0.0.1".parse().unwrap()));
         assert_eq!(parse_ip("1.2.3"), None);
         assert_eq!(parse_ip("256.0.0.1"), None);
+    }
+
+    #[test]
+    fn a_slice_keeps_its_last_change_trigger_time_and_ignores_an_unparsable_one() {
+        let with = |value: &str| {
+            slice(json!({"metadata": {"name": "web-1", "namespace": "shop",
+                "labels": {"kubernetes.io/service-name": "web"},
+                "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": value}},
+                "addressType": "IPv4", "endpoints": []}))
+        };
+        let converted = slice_to_core(&with("2026-11-26T03:30:00.5Z")).unwrap().unwrap();
+        let expected = std::time::SystemTime::UNIX_EPOCH + Duration::from_millis(1_795_663_800_500);
+        assert_eq!(converted.last_change_trigger, Some(expected));
+        assert_eq!(slice_to_core(&with("yesterday")).unwrap().unwrap().last_change_trigger, None);
+    }
+
+    #[test]
+    fn a_node_being_deleted_or_tainted_by_the_autoscaler_is_leaving() {
+        let node = |value: serde_json::Value| node_to_core(&serde_json::from_value(value).unwrap());
+        assert!(!node(json!({"metadata": {"name": "n1"}})).leaving);
+        assert!(node(json!({"metadata": {"name": "n1", "deletionTimestamp": "2026-11-26T03:30:00Z"}})).leaving);
+        let tainted = json!({"metadata": {"name": "n1"},
+            "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]}});
+        assert!(node(tainted).leaving);
     }
 }

@@ -129,6 +129,7 @@ mod tests {
 
     fn slice(name: &str, service: &str, address: &str) -> EndpointSlice {
         EndpointSlice {
+            last_change_trigger: None,
             name: NamespacedName::new("default", name),
             service: NamespacedName::new("default", service),
             family: IpFamily::V4,

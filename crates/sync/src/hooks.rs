@@ -1,25 +1,48 @@
 //! What runs after a sync: each hook sees the plan that is now in the kernel and what
 //! changed, or hears that a sync failed.
 
+use std::time::Duration;
 use svcplane_conntrack::{ConntrackCli, UdpFlowFilter};
 use svcplane_core::conntrack::{FlowDestination, stale_udp_flows};
-use svcplane_core::{DataplaneError, NodePlan, PlanDiff, SyncReport};
+
+use svcplane_core::{Change, ClusterState, DataplaneError, NodePlan, PlanDiff, SyncReport};
 use tracing::{info, warn};
 
 use crate::health::HealthServers;
 
+/// One successful sync, as hooks see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Synced<'a> {
+    /// What is now in the kernel.
+    pub plan: &'a NodePlan,
+    /// What this sync changed.
+    pub diff: &'a PlanDiff,
+    pub report: &'a SyncReport,
+    /// How long the dataplane took.
+    pub elapsed: Duration,
+    /// The cluster state the plan was made from.
+    pub state: &'a ClusterState,
+}
+
 /// Something that follows the kernel's state.
 pub trait AfterSync: Send + std::fmt::Debug {
-    /// A sync succeeded: `plan` is in the kernel; `diff` is what this sync changed.
-    fn synced(&mut self, plan: &NodePlan, diff: &PlanDiff, report: &SyncReport);
+    /// A sync succeeded.
+    fn synced(&mut self, sync: &Synced<'_>);
 
     /// A sync failed: the kernel still holds the last state that synced.
     fn failed(&mut self, _error: &DataplaneError) {}
+
+    /// A batch of changes from the feed, before it is applied (they wait for a sync now).
+    fn ingested(&mut self, _changes: &[Change]) {}
+
+    /// Called on every turn of the loop, synced or not (a few times a second), with the
+    /// plan in force; for hooks that publish the plan only when someone looks.
+    fn tick(&mut self, _plan: &NodePlan, _state: &ClusterState) {}
 }
 
 impl AfterSync for HealthServers {
-    fn synced(&mut self, plan: &NodePlan, _diff: &PlanDiff, _report: &SyncReport) {
-        self.update(&plan.health_checks);
+    fn synced(&mut self, sync: &Synced<'_>) {
+        self.update(&sync.plan.health_checks);
         self.set_proxy_healthy(true);
     }
 
@@ -44,8 +67,8 @@ impl StaleUdpCleanup {
 }
 
 impl AfterSync for StaleUdpCleanup {
-    fn synced(&mut self, plan: &NodePlan, diff: &PlanDiff, _report: &SyncReport) {
-        for stale in stale_udp_flows(plan, diff) {
+    fn synced(&mut self, sync: &Synced<'_>) {
+        for stale in stale_udp_flows(sync.plan, sync.diff) {
             let filter = UdpFlowFilter {
                 family: stale.family,
                 destination: match stale.destination {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use svcplane_core::{Change, ClusterState, Dataplane, NodeConfig, NodePlan, PlanDiff, SyncReport};
 use tracing::{info, warn};
 
-use crate::hooks::AfterSync;
+use crate::hooks::{AfterSync, Synced};
 
 /// Waits between retries of a failed sync: `first`, doubling up to `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +112,9 @@ impl SyncLoop {
 
     /// Takes one batch of a feed. The first batch is the feed's complete state.
     pub fn ingest(&mut self, changes: Vec<Change>) {
+        for hook in &mut self.hooks {
+            hook.ingested(&changes);
+        }
         for change in changes {
             self.state.apply(change);
         }
@@ -163,8 +166,15 @@ impl SyncLoop {
                 self.failures = 0;
                 self.retry_at = None;
                 self.last_sync = Some(now);
+                let synced = Synced {
+                    plan: &self.plan,
+                    diff: &diff,
+                    report: &report,
+                    elapsed: started.elapsed(),
+                    state: &self.state,
+                };
                 for hook in &mut self.hooks {
-                    hook.synced(&self.plan, &diff, &report);
+                    hook.synced(&synced);
                 }
                 info!(
                     mode = self.dataplane.mode(),
@@ -212,6 +222,9 @@ impl SyncLoop {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             self.turn(Instant::now());
+            for hook in &mut self.hooks {
+                hook.tick(&self.plan, &self.state);
+            }
         }
     }
 }

@@ -101,6 +101,7 @@ fn local_load_balancer(health_port: u16) -> Service {
 
 fn slice(addresses: &[&str]) -> EndpointSlice {
     EndpointSlice {
+        last_change_trigger: None,
         name: NamespacedName::new("default", "web-1"),
         service: NamespacedName::new("default", "web"),
         family: IpFamily::V4,
@@ -228,7 +229,7 @@ fn changes_sooner_than_the_minimum_interval_wait_and_go_together() {
 struct Counting(Arc<Mutex<(usize, usize)>>);
 
 impl AfterSync for Counting {
-    fn synced(&mut self, _plan: &NodePlan, _diff: &PlanDiff, _report: &SyncReport) {
+    fn synced(&mut self, _sync: &svcplane_sync::Synced<'_>) {
         self.0.lock().unwrap().0 += 1;
     }
 

@@ -18,6 +18,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use svcplane_control_plane::{ControlPlane, ControlPlaneConfig, NetnsClient, UpstreamBinaries, objects};
 use svcplane_testbed::Lab;
 
+pub mod deploy;
+
 /// The API server's address on the lab LAN.
 pub const API_ADDRESS: &str = "198.18.0.2";
 /// The Service ranges the API server allocates from (the lab's plan).

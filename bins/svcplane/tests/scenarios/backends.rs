@@ -3,6 +3,15 @@
 use super::cluster::Backend;
 use super::{Scenario, Sender, SourceSeen};
 
+pub const NFTABLES: Backend = Backend {
+    name: "nftables",
+    proxy_args: &["--mode", "nftables"],
+    diagnostics: &[&["nft", "list", "ruleset"]],
+    ruleset: &["nft", "list", "ruleset"],
+    not_applicable: super::cluster::every_row_applies,
+    node_cgroups: false,
+};
+
 pub const EBPF: Backend = Backend {
     name: "ebpf",
     proxy_args: &["--mode", "ebpf"],

@@ -39,6 +39,7 @@ fn plan_with(service: Service, endpoints: &[(&str, &str)], config: NodeConfig) -
     let mut state = ClusterState::new();
     state.apply(Change::ServiceUpserted(service));
     state.apply(Change::SliceUpserted(EndpointSlice {
+        last_change_trigger: None,
         name: NamespacedName::new("default", "web-abc"),
         service: NamespacedName::new("default", "web"),
         family: IpFamily::V4,
