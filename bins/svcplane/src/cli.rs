@@ -618,6 +618,11 @@ pub struct DnsArgs {
     /// How long one upstream gets to answer, in milliseconds.
     #[arg(long, value_name = "MILLISECONDS", default_value_t = 2000, hide = true)]
     pub forward_timeout_ms: u64,
+    /// Where to serve `/metrics` (plain HTTP, CoreDNS's metric names; CoreDNS's prometheus
+    /// plugin listens on :9153). Port 0 picks a free port, printed on standard output as
+    /// `metrics on ADDR:PORT`; an empty value serves none.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:9153", value_parser = parse_optional_address)]
+    pub metrics_bind_address: MetricsAddress,
 }
 
 fn parse_zone(text: &str) -> Result<String, String> {

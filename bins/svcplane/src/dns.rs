@@ -2,7 +2,8 @@
 //!
 //! Three threads of work: the feed (discovery views of the cluster), the zone builder that
 //! turns each view into a zone snapshot, and the tokio runtime that answers over UDP and
-//! TCP from whatever snapshot is current. Until the first view, names in the zone answer
+//! TCP from whatever snapshot is current. CoreDNS's request metrics are served on
+//! `--metrics-bind-address` (`/metrics`). Until the first view, names in the zone answer
 //! SERVFAIL; a directory that disappears keeps the last zone served.
 //!
 //! Allocations: with `--allocations-file` the record `proxy` saves is read (never written),
@@ -16,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use svcplane_dns::{DnsServer, Forwarder, Handler, PodRecords, SharedZone, Zone, ZoneConfig, follow_views};
+use svcplane_dns::{DnsMetrics, DnsServer, Forwarder, Handler, PodRecords, SharedZone, Zone, ZoneConfig, follow_views};
 use tracing::{info, warn};
 
 use crate::cli::{DnsArgs, PodsMode, SourceKind};
@@ -50,7 +51,15 @@ pub fn run(args: &DnsArgs) -> anyhow::Result<()> {
     let following = follow_views(views, config, zone.clone()).context("starting the zone builder")?;
     let forwarder = (!args.upstreams.is_empty())
         .then(|| Forwarder::new(args.upstreams.clone(), Duration::from_millis(args.forward_timeout_ms)));
-    let served = serve(args.listen, Handler::new(zone, forwarder));
+    let metrics = Arc::new(DnsMetrics::new(args.listen));
+    let _metrics_address = match args.metrics_bind_address.0 {
+        Some(address) => {
+            let metrics = Arc::clone(&metrics);
+            Some(crate::controller::serve_metrics(address, Arc::new(move || metrics.render()))?)
+        }
+        None => None,
+    };
+    let served = serve(args.listen, Handler::new(zone, forwarder).with_metrics(Arc::clone(&metrics)), &metrics);
     stop.store(true, Ordering::Release);
     join(feeding, "feed");
     join(following, "zone builder");
@@ -63,7 +72,7 @@ fn join(handle: JoinHandle<()>, what: &str) {
     }
 }
 
-fn serve(listen: SocketAddr, handler: Handler) -> anyhow::Result<()> {
+fn serve(listen: SocketAddr, handler: Handler, metrics: &DnsMetrics) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("dns")
@@ -72,6 +81,7 @@ fn serve(listen: SocketAddr, handler: Handler) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let server = DnsServer::bind(listen, handler).await.with_context(|| format!("--listen {listen}"))?;
         let local = server.local_addr();
+        metrics.set_listen(local);
         // Scripts and tests read the address from here (port 0 picks one).
         println!("listening on {local}");
         info!(%local, "serving cluster DNS over UDP and TCP");

@@ -518,3 +518,62 @@ mod coredns_behaviours {
         assert_eq!(all.sorted_answers(), ["A 10.244.0.5", "A 10.244.0.6", "A 10.244.0.7"]);
     }
 }
+
+mod metrics {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+
+    use super::*;
+
+    /// `GET /metrics` from the server's metrics address.
+    fn scrape(address: SocketAddr) -> String {
+        let mut stream = TcpStream::connect(address).expect("connecting to /metrics");
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(stream, "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+        body.to_owned()
+    }
+
+    /// The sum of the series of `family` whose labels contain every one of `labels`.
+    fn sum(text: &str, family: &str, labels: &[&str]) -> u64 {
+        text.lines()
+            .filter(|line| line.starts_with(&format!("{family}{{")))
+            .filter(|line| labels.iter().all(|label| line.contains(label)))
+            .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    }
+
+    #[test]
+    fn each_answered_query_counts_once_by_rcode_type_and_transport_in_corednss_metrics() {
+        const N: u64 = 24;
+        let cluster = Cluster::start(&[]);
+        let address = cluster.server.metrics_addr.expect("the server printed its metrics address");
+        let before = scrape(address);
+        for i in 0..N {
+            let transport = TRANSPORTS[(i % 2) as usize];
+            assert_eq!(cluster.ask(transport, "web.default.svc.cluster.local", "A").status, "NOERROR");
+            assert_eq!(cluster.ask(transport, "missing.default.svc.cluster.local", "AAAA").status, "NXDOMAIN");
+        }
+        let after = scrape(address);
+        let grew = |family: &str, labels: &[&str]| sum(&after, family, labels) - sum(&before, family, labels);
+        let server = format!("server=\"dns://{}\"", cluster.server.addr);
+        assert_eq!(
+            grew("coredns_dns_responses_total", &[&server, r#"rcode="NOERROR""#, r#"plugin="kubernetes""#]),
+            N,
+            "{after}"
+        );
+        assert_eq!(grew("coredns_dns_responses_total", &[r#"rcode="NXDOMAIN""#]), N, "{after}");
+        assert_eq!(grew("coredns_dns_requests_total", &[r#"zone=".""#, r#"type="A""#, r#"family="1""#]), N);
+        assert_eq!(grew("coredns_dns_requests_total", &[r#"type="AAAA""#]), N);
+        assert_eq!(grew("coredns_dns_requests_total", &[r#"proto="tcp""#]), N, "{after}");
+        assert_eq!(grew("coredns_dns_requests_total", &[r#"proto="udp""#]), N, "{after}");
+        assert_eq!(grew("coredns_dns_request_duration_seconds_count", &[]), 2 * N, "{after}");
+        assert_eq!(grew("coredns_dns_request_duration_seconds_bucket", &[r#"type="A""#, r#"le="+Inf""#]), N);
+        assert_eq!(grew("coredns_dns_request_size_bytes_count", &[]), 2 * N, "{after}");
+        assert!(after.contains("# TYPE coredns_dns_request_duration_seconds histogram"), "{after}");
+    }
+}

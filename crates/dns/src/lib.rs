@@ -12,6 +12,9 @@
 //! - With the `server` feature (default): [`server`] runs hickory-server's UDP and TCP loops
 //!   over a [`SharedZone`] swapped atomically on every change, and [`forward`] sends names
 //!   outside the zone to the upstream resolvers it is given.
+//! - [`metrics`]: CoreDNS's request metrics (`coredns_dns_*`), counted with atomics in fixed
+//!   arrays on the hot path, written in the Prometheus text format. Serving them over HTTP is
+//!   the binary's job.
 //!
 //! What it deliberately does not do: no Kubernetes types (sources convert Services and
 //! EndpointSlices into the core's discovery model, [`ClusterView`]), no watching or reading of manifests, no
@@ -19,6 +22,7 @@
 //! CoreDNS in 1.9), no `pods verified` and no autopath.
 
 pub mod answer;
+pub mod metrics;
 pub mod model;
 pub mod names;
 pub mod wire;
@@ -32,6 +36,7 @@ pub mod forward;
 pub mod server;
 
 pub use answer::{Inquiry, Outcome, Reply, answer, respond};
+pub use metrics::DnsMetrics;
 pub use model::{ClusterView, DnsEndpoint, DnsPort, DnsService, EndpointSet, Protocol, ServiceKind};
 pub use wire::{Transport, WireOutcome, respond_to_wire};
 pub use zone::{

@@ -9,12 +9,13 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use hickory_proto::op::{Edns, Header, HeaderCounts, LowerQuery, Metadata, ResponseCode};
 use hickory_proto::rr::Record;
 use hickory_server::net::runtime::Time;
+use hickory_server::net::xfer::Protocol;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo, Server};
 use hickory_server::zone_handler::MessageResponseBuilder;
 use tokio::net::{TcpListener, UdpSocket};
@@ -22,6 +23,7 @@ use tracing::debug;
 
 use crate::answer::{Inquiry, Outcome, Reply, respond};
 use crate::forward::Forwarder;
+use crate::metrics::{DnsMetrics, Proto, Source};
 use crate::wire::{response_edns, response_metadata};
 use crate::zone::Zone;
 
@@ -55,12 +57,19 @@ impl SharedZone {
 pub struct Handler {
     zone: SharedZone,
     forwarder: Option<Forwarder>,
+    metrics: Option<Arc<DnsMetrics>>,
 }
 
 impl Handler {
     /// `forwarder` should be given exactly when the zone's config has forwarding on.
     pub fn new(zone: SharedZone, forwarder: Option<Forwarder>) -> Self {
-        Self { zone, forwarder }
+        Self { zone, forwarder, metrics: None }
+    }
+
+    /// Counts every request and response in `metrics` (CoreDNS's request metrics).
+    pub fn with_metrics(mut self, metrics: Arc<DnsMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     async fn send<R: ResponseHandler>(
@@ -113,6 +122,24 @@ fn unsent(metadata: Metadata) -> ResponseInfo {
 #[async_trait::async_trait]
 impl RequestHandler for Handler {
     async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, handle: R) -> ResponseInfo {
+        let Some(metrics) = &self.metrics else {
+            return self.answer(request, handle).await.0;
+        };
+        let started = Instant::now();
+        let query_type = request.queries.queries().first().map(|q| u16::from(q.query_type()));
+        let proto = if request.protocol() == Protocol::Udp { Proto::Udp } else { Proto::Tcp };
+        metrics.request(proto, request.src().is_ipv6(), query_type, request.as_slice().len());
+        let (info, source) = self.answer(request, handle).await;
+        if let Some(source) = source {
+            metrics.response(query_type, u16::from(info.response_code), source, started.elapsed());
+        }
+        info
+    }
+}
+
+impl Handler {
+    /// Answers `request`; also says which part answered (`None`: nothing was sent).
+    async fn answer<R: ResponseHandler>(&self, request: &Request, handle: R) -> (ResponseInfo, Option<Source>) {
         let zone = self.zone.current();
         let queries = request.queries.queries();
         let question = queries.first().map(LowerQuery::original);
@@ -123,10 +150,10 @@ impl RequestHandler for Handler {
             edns_version: request.edns.as_ref().map(Edns::version),
         };
         match respond(&zone, &inquiry) {
-            Outcome::Drop => unsent(Metadata::response_from_request(&request.metadata)),
+            Outcome::Drop => (unsent(Metadata::response_from_request(&request.metadata)), None),
             Outcome::Reply(reply) => {
                 let metadata = response_metadata(&request.metadata, &reply);
-                Self::send(request, metadata, &reply, handle).await
+                (Self::send(request, metadata, &reply, handle).await, Some(Source::Kubernetes))
             }
             Outcome::Chase { mut reply, target, query_type } => {
                 if let Some(forwarder) = &self.forwarder {
@@ -141,25 +168,28 @@ impl RequestHandler for Handler {
                 }
                 let mut metadata = response_metadata(&request.metadata, &reply);
                 metadata.recursion_available = self.forwarder.is_some();
-                Self::send(request, metadata, &reply, handle).await
+                (Self::send(request, metadata, &reply, handle).await, Some(Source::Kubernetes))
             }
             Outcome::Forward => {
-                let (metadata, reply) = match (&self.forwarder, question) {
+                let (metadata, reply, source) = match (&self.forwarder, question) {
                     (Some(forwarder), Some(question)) => match forwarder.forward(request.as_slice(), question).await {
-                        Ok(forwarded) => Self::relay(request, forwarded),
+                        Ok(forwarded) => {
+                            let (metadata, reply) = Self::relay(request, forwarded);
+                            (metadata, reply, Source::Forward)
+                        }
                         Err(error) => {
                             // Per query, so debug: a dead upstream would otherwise flood the log.
                             debug!(%error, name = %question.name(), "forwarding failed; answering SERVFAIL");
                             let reply = Reply::error(ResponseCode::ServFail);
-                            (response_metadata(&request.metadata, &reply), reply)
+                            (response_metadata(&request.metadata, &reply), reply, Source::Forward)
                         }
                     },
                     _ => {
                         let reply = Reply::error(ResponseCode::Refused);
-                        (response_metadata(&request.metadata, &reply), reply)
+                        (response_metadata(&request.metadata, &reply), reply, Source::Server)
                     }
                 };
-                Self::send(request, metadata, &reply, handle).await
+                (Self::send(request, metadata, &reply, handle).await, Some(source))
             }
         }
     }

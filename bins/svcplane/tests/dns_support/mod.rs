@@ -64,6 +64,9 @@ impl Drop for TempDir {
 pub struct DnsServer {
     child: Child,
     pub addr: SocketAddr,
+    /// Where it serves `/metrics` (tests get a free port on 127.0.0.1 unless they pass
+    /// `--metrics-bind-address` themselves).
+    pub metrics_addr: Option<SocketAddr>,
     log: PathBuf,
     /// Holds the log file (and, when the test made it, the manifests) until the end.
     _scratch: TempDir,
@@ -81,6 +84,11 @@ impl DnsServer {
             .arg("--manifests")
             .arg(manifests)
             .args(["--listen", "127.0.0.1:0"])
+            .args(if extra.contains(&"--metrics-bind-address") {
+                &[][..]
+            } else {
+                &["--metrics-bind-address", "127.0.0.1:0"][..]
+            })
             .args(extra)
             .env("SVCPLANE_LOG", "info,hickory_server=warn")
             .env("NO_COLOR", "1")
@@ -98,14 +106,22 @@ impl DnsServer {
                 }
             }
         });
-        let mut server = Self { child, addr: "127.0.0.1:0".parse().unwrap(), log, _scratch: scratch };
-        match receiver.recv_timeout(START_TIMEOUT) {
-            Ok(line) => {
-                let address =
-                    line.strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected output {line:?}"));
-                server.addr = address.parse().unwrap();
+        let mut server =
+            Self { child, addr: "127.0.0.1:0".parse().unwrap(), metrics_addr: None, log, _scratch: scratch };
+        loop {
+            match receiver.recv_timeout(START_TIMEOUT) {
+                Ok(line) => {
+                    if let Some(address) = line.strip_prefix("metrics on ") {
+                        server.metrics_addr = Some(address.parse().unwrap());
+                        continue;
+                    }
+                    let address =
+                        line.strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected output {line:?}"));
+                    server.addr = address.parse().unwrap();
+                    break;
+                }
+                Err(_) => panic!("svcplane dns did not start within {START_TIMEOUT:?}:\n{}", server.log()),
             }
-            Err(_) => panic!("svcplane dns did not start within {START_TIMEOUT:?}:\n{}", server.log()),
         }
         server
     }
