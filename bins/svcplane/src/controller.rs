@@ -45,10 +45,12 @@ fn run_against_api(args: &ControllerArgs, access: ClusterAccess) -> anyhow::Resu
     }
     let options = ControllerOptions { managed_by: args.managed_by.clone(), ..ControllerOptions::default() };
     let metrics = Arc::new(ControllerMetrics::new());
-    if let Some(address) = args.metrics_bind_address.0 {
+    let _metrics_server = if let Some(address) = args.metrics_bind_address.0 {
         let metrics = Arc::clone(&metrics);
-        serve_metrics(address, Arc::new(move || metrics.render()))?;
-    }
+        Some(serve_metrics(address, Arc::new(move || metrics.render()))?)
+    } else {
+        None
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -118,49 +120,21 @@ fn with_kind(mut value: serde_json::Value, api_version: &str, kind: &str) -> ser
 /// What `/metrics` answers: the current text exposition.
 pub(crate) type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// Serves `GET /metrics` (Prometheus text, version 0.0.4) on `address` from a thread of its
-/// own, one connection at a time: a scrape every few seconds needs no more. Prints
-/// `metrics on ADDR:PORT` (port 0 picks one). Returns the bound address.
+/// Serves `GET /metrics` (Prometheus text, version 0.0.4) and `/healthz` on `address` with
+/// the ops crate's small HTTP server; prints `metrics on ADDR:PORT` (port 0 picks one).
+/// Serving stops when the returned server is dropped.
 pub(crate) fn serve_metrics(
     address: std::net::SocketAddr,
     render: RenderMetrics,
-) -> anyhow::Result<std::net::SocketAddr> {
-    use std::io::{BufRead, BufReader, Write};
-    let listener = std::net::TcpListener::bind(address).with_context(|| format!("--metrics-bind-address {address}"))?;
-    let local = listener.local_addr().context("reading the metrics address")?;
+) -> anyhow::Result<svcplane_ops::http::Server> {
+    use svcplane_ops::http::{Response, Routes, Server};
+    let routes = Routes::new()
+        .route("/metrics", move |_| Response::new(200, "text/plain; version=0.0.4; charset=utf-8", render()))
+        .route("/healthz", |_| Response::text(200, "ok"));
+    let server =
+        Server::start("metrics", address, routes).with_context(|| format!("--metrics-bind-address {address}"))?;
+    let local = server.address();
     println!("metrics on {local}");
     info!(%local, "serving /metrics");
-    std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-                let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(5)));
-                let mut reader = BufReader::new(&stream);
-                let mut request_line = String::new();
-                if reader.read_line(&mut request_line).is_err() {
-                    continue;
-                }
-                // Read (and ignore) the headers up to the empty line.
-                let mut line = String::new();
-                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
-                    line.clear();
-                }
-                let path = request_line.split_whitespace().nth(1).unwrap_or_default();
-                let (status, body) = match path.split('?').next() {
-                    Some("/metrics") => ("200 OK", render()),
-                    Some("/healthz") => ("200 OK", "ok\n".to_owned()),
-                    _ => ("404 Not Found", "not found: try /metrics\n".to_owned()),
-                };
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            }
-        })
-        .context("starting the metrics thread")?;
-    Ok(local)
+    Ok(server)
 }

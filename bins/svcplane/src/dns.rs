@@ -52,7 +52,7 @@ pub fn run(args: &DnsArgs) -> anyhow::Result<()> {
     let forwarder = (!args.upstreams.is_empty())
         .then(|| Forwarder::new(args.upstreams.clone(), Duration::from_millis(args.forward_timeout_ms)));
     let metrics = Arc::new(DnsMetrics::new(args.listen));
-    let _metrics_address = match args.metrics_bind_address.0 {
+    let _metrics_server = match args.metrics_bind_address.0 {
         Some(address) => {
             let metrics = Arc::clone(&metrics);
             Some(crate::controller::serve_metrics(address, Arc::new(move || metrics.render()))?)

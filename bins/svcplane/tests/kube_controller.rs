@@ -552,3 +552,44 @@ fn of_two_controller_replicas_only_the_lease_holder_writes_and_the_other_takes_o
     wait_for_endpoints(&client, "fourth", 2);
     assert_eq!(status(&c), 1.0);
 }
+
+#[test]
+fn a_leader_that_cannot_renew_within_the_renew_deadline_gives_up_and_exits_1() {
+    let Some(binaries) = binaries_for_test("kube_controller") else { return };
+    let namespace = BareNamespace::create().expect("a namespace");
+    let address: IpAddr = "198.18.0.2".parse().unwrap();
+    namespace.add_loopback_address(address).unwrap();
+    let mut config = ControlPlaneConfig::new(namespace.name(), address);
+    config.service_cidrs = vec!["198.19.0.0/16".into(), "2001:db8:f::/108".into()];
+    let mut plane =
+        ControlPlane::start(&binaries, config).unwrap_or_else(|e| panic!("starting the control plane: {e}"));
+    let client = NetnsClient::connect(namespace.name(), plane.kubeconfig()).unwrap();
+    client.create_node(&objects::node("node-a", &["198.18.0.11".parse().unwrap()], Some("zone-a"))).unwrap();
+    create_app(&client, "first", 1, 0);
+    let leader = Replica::start(&plane, "replica-a");
+    wait_for_holder(&client, &[&leader], CONVERGE_WITHIN);
+    wait_for_endpoints(&client, "first", 2);
+
+    // The API server goes away: no renewal can succeed.
+    plane.kill_apiserver();
+    let cut = Instant::now();
+    let renew_deadline = Duration::from_secs(10);
+    let status = loop {
+        match plane.check_running(&leader.what) {
+            Err(svcplane_control_plane::ControlPlaneError::Exited { status, .. }) => break status,
+            _ => assert!(
+                cut.elapsed() < renew_deadline + 2 * RETRY_PERIOD + Duration::from_secs(5),
+                "the leader still runs {:?} after the API server went away:\n{}",
+                cut.elapsed(),
+                leader.log()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let gave_up = cut.elapsed();
+    eprintln!("leader gave up {gave_up:?} after the API server went away");
+    assert_eq!(status.code(), Some(1), "{}", leader.log());
+    // Its last renewal was at most one retry period before the cut.
+    assert!(gave_up >= renew_deadline - RETRY_PERIOD - Duration::from_secs(1), "gave up too early: {gave_up:?}");
+    assert!(leader.log().contains("leader election lost"), "{}", leader.log());
+}
