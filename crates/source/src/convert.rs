@@ -15,6 +15,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use svcplane_core::model::{
     self, ClientIpAffinity, DEFAULT_AFFINITY_TIMEOUT, IpFamily, LoadBalancerIngress, NamespacedName, Protocol,
     ServiceType, TrafficDistribution, TrafficPolicy,
@@ -277,6 +278,15 @@ pub fn service_to_core(service: &Service) -> Result<Option<model::Service>, Vec<
             TrafficPolicy::Cluster
         }
     };
+    // As the kube-apiserver: only a Service reachable from outside may choose.
+    let externally_accessible = matches!(service_type, ServiceType::LoadBalancer | ServiceType::NodePort)
+        || !spec.external_ips.as_deref().unwrap_or_default().is_empty();
+    if spec.external_traffic_policy.as_deref().is_some_and(|p| !p.is_empty()) && !externally_accessible {
+        check.report(
+            "spec.externalTrafficPolicy",
+            Problem::Invalid { reason: "may only be set for externally-accessible services".to_owned() },
+        );
+    }
     let internal_traffic_policy = match spec.internal_traffic_policy.as_deref() {
         None | Some("" | "Cluster") => TrafficPolicy::Cluster,
         Some("Local") => TrafficPolicy::Local,
@@ -389,6 +399,17 @@ fn cluster_ips(check: &mut Checker, primary: &str, listed: &[String]) -> Vec<IpA
     ips
 }
 
+/// A port name as Kubernetes allows it (IANA service name syntax).
+fn is_port_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 15
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name.bytes().any(|b| b.is_ascii_lowercase())
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--")
+}
+
 fn service_ports(
     check: &mut Checker,
     ports: &[k8s_openapi::api::core::v1::ServicePort],
@@ -408,6 +429,22 @@ fn service_ports(
                 format!("spec.ports[{i}].nodePort"),
                 Problem::Invalid { reason: "may not be set when spec.type is ClusterIP".to_owned() },
             );
+        }
+        // The proxy never forwards to targetPort (the slices carry endpoint ports), but a
+        // Service the kube-apiserver would refuse must not be programmed either.
+        match &port.target_port {
+            Some(IntOrString::Int(value)) if *value != 0 => {
+                check.port(*value, || format!("spec.ports[{i}].targetPort"));
+            }
+            Some(IntOrString::String(value)) if !is_port_name(value) => check.report(
+                format!("spec.ports[{i}].targetPort"),
+                Problem::Invalid {
+                    reason: format!(
+                        "{value:?} is no port name (at most 15 lower-case letters, digits and inner single hyphens, with a letter)"
+                    ),
+                },
+            ),
+            _ => {}
         }
         let name = port.name.as_deref().unwrap_or_default();
         // Ports are told apart by name, so with more than one each needs its own.
@@ -747,6 +784,7 @@ mod tests {
     #[test]
     fn kubernetes_defaults_and_legacy_spellings_are_understood() {
         let svc = web(json!({
+            "type": "NodePort",
             "clusterIP": "010.096.000.001",
             "clusterIPs": ["10.96.0.1", "fd00::1"],
             "ports": [{"port": 53, "protocol": "UDP"}],
@@ -912,6 +950,27 @@ mod tests {
         let expected = std::time::SystemTime::UNIX_EPOCH + Duration::from_millis(1_795_663_800_500);
         assert_eq!(converted.last_change_trigger, Some(expected));
         assert_eq!(slice_to_core(&with("yesterday")).unwrap().unwrap().last_change_trigger, None);
+    }
+
+    #[test]
+    fn a_target_port_out_of_range_or_badly_named_and_a_local_policy_on_a_cluster_ip_service_are_errors() {
+        let fields = |spec: serde_json::Value| -> Vec<String> {
+            service_to_core(&web(spec)).err().unwrap_or_default().into_iter().map(|e| e.field).collect()
+        };
+        let port = |target: serde_json::Value| json!({"clusterIP": "198.19.0.10", "ports": [{"port": 80, "targetPort": target}]});
+        assert_eq!(fields(port(json!(70000))), ["spec.ports[0].targetPort"]);
+        assert_eq!(fields(port(json!("no way"))), ["spec.ports[0].targetPort"]);
+        assert!(fields(port(json!("http-alt"))).is_empty());
+        assert!(fields(port(json!(8080))).is_empty());
+        let local = |extra: serde_json::Value| {
+            let mut spec =
+                json!({"clusterIP": "198.19.0.10", "ports": [{"port": 80}], "externalTrafficPolicy": "Local"});
+            spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            fields(spec)
+        };
+        assert_eq!(local(json!({})), ["spec.externalTrafficPolicy"]);
+        assert!(local(json!({"type": "NodePort"})).is_empty());
+        assert!(local(json!({"externalIPs": ["198.18.100.1"]})).is_empty());
     }
 
     #[test]
