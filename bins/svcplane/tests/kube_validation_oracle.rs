@@ -141,6 +141,15 @@ fn slice_corpus() -> Vec<(&'static str, Value)> {
         ("an IPv6 address in an IPv4 slice", with(e(), "/endpoints/0/addresses/0", json!("2001:db8::1"))),
         ("an endpoint without addresses", with(e(), "/endpoints/0/addresses", json!([]))),
         ("slice port 70000", with(e(), "/ports/0/port", json!(70000))),
+        (
+            "an IPv4-mapped address in an IPv6 slice",
+            with(with(e(), "/addressType", json!("IPv6")), "/endpoints/0/addresses/0", json!("::ffff:198.18.0.5")),
+        ),
+        (
+            "an upper-case, uncompressed IPv6 address",
+            with(with(e(), "/addressType", json!("IPv6")), "/endpoints/0/addresses/0", json!("2001:DB8:0:0:0:0:0:A")),
+        ),
+        ("a service port named with capitals", with(valid_service(), "/spec/ports/0/name", json!("HTTP"))),
         ("slice protocol ICMP", with(e(), "/ports/0/protocol", json!("ICMP"))),
     ]
 }
@@ -231,9 +240,16 @@ fn manifests_mode_refuses_what_the_apiserver_refuses_naming_the_same_field() {
     for (label, object) in slice_corpus() {
         let theirs = apiserver_verdict::<EndpointSlice>(&kube, &object);
         let ours = match serde_json::from_value::<EndpointSlice>(object) {
-            Ok(slice) => svcplane_source::slice_to_core(&slice)
-                .map(|_| ())
-                .map_err(|errors| errors.into_iter().map(|e| e.field).collect()),
+            // What manifests mode does with a slice: convert it, and refuse what the apiserver
+            // refuses in a new object.
+            Ok(slice) => {
+                let mut fields: Vec<String> =
+                    svcplane_source::new_slice_address_errors(&slice).into_iter().map(|e| e.field).collect();
+                if let Err(errors) = svcplane_source::slice_to_core(&slice) {
+                    fields.extend(errors.into_iter().map(|e| e.field));
+                }
+                if fields.is_empty() { Ok(()) } else { Err(fields) }
+            }
             Err(error) => Err(vec![format!("(not an EndpointSlice: {error})")]),
         };
         check(label, theirs, ours);

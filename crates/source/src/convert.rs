@@ -567,6 +567,33 @@ pub fn slice_to_core(slice: &EndpointSlice) -> Result<Option<model::EndpointSlic
     check.finish(model::EndpointSlice { name, service, family, ports, endpoints, last_change_trigger })
 }
 
+/// What the kube-apiserver (v1.33 and later) refuses in a new EndpointSlice's addresses but
+/// tolerates in old ones: an address not in canonical form (`2001:DB8::A`, `010.1.2.3`) and
+/// an IPv4-mapped IPv6 address. A manifest is always a new object, so manifests mode refuses
+/// them naming the address; the API feed does not call this (it programs what the
+/// apiserver kept, as kube-proxy does).
+pub fn new_slice_address_errors(slice: &EndpointSlice) -> Vec<FieldError> {
+    let mut check = Checker::new(ObjectRef::from_meta(ObjectKind::EndpointSlice, &slice.metadata));
+    for (i, endpoint) in slice.endpoints.iter().enumerate() {
+        let Some(address) = endpoint.addresses.first() else { continue };
+        let Ok(ip) = address.parse::<IpAddr>() else { continue };
+        let field = || format!("endpoints[{i}].addresses[0]");
+        if let IpAddr::V6(v6) = ip
+            && v6.to_ipv4_mapped().is_some()
+        {
+            check.report(field(), Problem::Invalid { reason: format!("{address:?} is an IPv4-mapped IPv6 address") });
+        } else if ip.to_string() != *address {
+            check.report(
+                field(),
+                Problem::Invalid {
+                    reason: format!("{address:?} is not in canonical form ({ip:?} is)", ip = ip.to_string()),
+                },
+            );
+        }
+    }
+    check.errors
+}
+
 /// Converts a Node: its `InternalIP` then `ExternalIP` addresses (unparsable ones are
 /// skipped) and its `topology.kubernetes.io/zone`.
 pub fn node_to_core(node: &Node) -> model::Node {
@@ -649,9 +676,14 @@ pub fn convert_objects(objects: &ClusterObjects, origins: &Origins) -> Converted
     }
     let mut slices = Vec::with_capacity(objects.slices.len());
     for slice in &objects.slices {
+        let strict = new_slice_address_errors(slice);
         match slice_to_core(slice) {
-            Ok(found) => slices.extend(found),
-            Err(errors) => report(errors),
+            Ok(found) if strict.is_empty() => slices.extend(found),
+            Ok(_) => report(strict),
+            Err(mut errors) => {
+                errors.extend(strict);
+                report(errors);
+            }
         }
     }
     converted.services = services;
@@ -971,6 +1003,24 @@ mod tests {
         assert_eq!(local(json!({})), ["spec.externalTrafficPolicy"]);
         assert!(local(json!({"type": "NodePort"})).is_empty());
         assert!(local(json!({"externalIPs": ["198.18.100.1"]})).is_empty());
+    }
+
+    #[test]
+    fn a_new_slice_with_a_non_canonical_or_ipv4_mapped_address_is_refused_naming_the_address() {
+        let with = |family: &str, address: &str| {
+            new_slice_address_errors(&slice(json!({"metadata": {"name": "web-1", "namespace": "shop",
+                "labels": {"kubernetes.io/service-name": "web"}},
+                "addressType": family, "endpoints": [{"addresses": [address]}]})))
+            .into_iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+        };
+        assert!(with("IPv6", "2001:db8::a").is_empty());
+        assert!(with("IPv4", "198.18.0.1").is_empty());
+        let upper = with("IPv6", "2001:DB8::A");
+        assert!(upper.len() == 1 && upper[0].contains("endpoints[0].addresses[0]") && upper[0].contains("canonical"));
+        assert_eq!(with("IPv4", "198.018.0.1").len(), 0, "unparsable: slice_to_core reports it");
+        assert!(with("IPv6", "::ffff:198.18.0.5")[0].contains("IPv4-mapped"));
     }
 
     #[test]

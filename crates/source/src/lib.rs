@@ -26,7 +26,10 @@ pub mod feed;
 pub mod manifests;
 pub mod watch;
 
-pub use convert::{Converted, FieldError, Problem, convert_objects, node_to_core, service_to_core, slice_to_core};
+pub use convert::{
+    Converted, FieldError, Problem, convert_objects, new_slice_address_errors, node_to_core, service_to_core,
+    slice_to_core,
+};
 pub use diff::SnapshotDiffer;
 pub use dns_view::{DnsView, dns_view, service_to_dns};
 pub use feed::{FeedError, ManifestsFeed, ManifestsSettings};
