@@ -132,6 +132,16 @@ fn service_corpus() -> Vec<(&'static str, Value)> {
     ]
 }
 
+/// `count` ready endpoints with distinct addresses in the lab's pod range.
+fn endpoints(count: u32) -> Value {
+    let first = u32::from(std::net::Ipv4Addr::new(198, 18, 160, 1));
+    (0..count).map(|i| json!({"addresses": [std::net::Ipv4Addr::from(first + i).to_string()]})).collect()
+}
+
+fn slice_ports(count: u16) -> Value {
+    (0..count).map(|i| json!({"name": format!("p{i}"), "port": 8000 + i, "protocol": "TCP"})).collect()
+}
+
 fn slice_corpus() -> Vec<(&'static str, Value)> {
     let e = valid_slice;
     vec![
@@ -150,6 +160,10 @@ fn slice_corpus() -> Vec<(&'static str, Value)> {
             with(with(e(), "/addressType", json!("IPv6")), "/endpoints/0/addresses/0", json!("2001:DB8:0:0:0:0:0:A")),
         ),
         ("a service port named with capitals", with(valid_service(), "/spec/ports/0/name", json!("HTTP"))),
+        ("1000 endpoints in one slice (the most allowed)", with(e(), "/endpoints", endpoints(1000))),
+        ("1001 endpoints in one slice", with(e(), "/endpoints", endpoints(1001))),
+        ("100 ports in one slice (the most allowed)", with(e(), "/ports", slice_ports(100))),
+        ("101 ports in one slice", with(e(), "/ports", slice_ports(101))),
         ("slice protocol ICMP", with(e(), "/ports/0/protocol", json!("ICMP"))),
     ]
 }

@@ -500,6 +500,15 @@ pub fn slice_to_core(slice: &EndpointSlice) -> Result<Option<model::EndpointSlic
         }
     };
 
+    if slice.endpoints.len() > MAX_SLICE_ENDPOINTS {
+        check.report(
+            "endpoints",
+            Problem::Invalid {
+                reason: format!("must have at most {MAX_SLICE_ENDPOINTS} items, has {}", slice.endpoints.len()),
+            },
+        );
+        return Err(check.errors);
+    }
     let mut endpoints = Vec::with_capacity(slice.endpoints.len());
     for (i, endpoint) in slice.endpoints.iter().enumerate() {
         // kube-proxy uses the first address only.
@@ -566,6 +575,9 @@ pub fn slice_to_core(slice: &EndpointSlice) -> Result<Option<model::EndpointSlic
     let last_change_trigger = trigger_time(meta);
     check.finish(model::EndpointSlice { name, service, family, ports, endpoints, last_change_trigger })
 }
+
+/// The most endpoints one EndpointSlice may hold (the kube-apiserver's limit).
+const MAX_SLICE_ENDPOINTS: usize = 1000;
 
 /// What the kube-apiserver (v1.33 and later) refuses in a new EndpointSlice's addresses but
 /// tolerates in old ones: an address not in canonical form (`2001:DB8::A`, `010.1.2.3`) and
