@@ -166,8 +166,15 @@ impl AfterSync for OpsFeed {
         self.metrics.add(SYNC_FAILURES_TOTAL, &[self.mode], 1.0);
     }
 
+    fn drifted(&mut self, _found: &str) {
+        self.metrics.add(DRIFT_REPAIRS_TOTAL, &[self.mode], 1.0);
+    }
+
     fn tick(&mut self, _plan: &NodePlan, _state: &ClusterState) {}
 }
+
+/// svcplane's own: kernel state found changed behind svcplane's back, each repaired by a full sync.
+pub const DRIFT_REPAIRS_TOTAL: &str = "svcplane_drift_repairs_total";
 
 /// svcplane's own: failed syncs by mode (every mode, where kube-proxy's counters name one).
 pub const SYNC_FAILURES_TOTAL: &str = "svcplane_sync_failures_total";

@@ -16,7 +16,7 @@ pub mod status;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub use feeds::{OpsFeed, SYNC_FAILURES_TOTAL};
+pub use feeds::{DRIFT_REPAIRS_TOTAL, OpsFeed, SYNC_FAILURES_TOTAL};
 pub use proxy_health::{ProxyHealth, healthz_routes};
 use svcplane_metrics::{Desc, Kind, Registry, kube_proxy_descs};
 
@@ -29,6 +29,13 @@ pub fn proxy_registry() -> Registry {
         name: SYNC_FAILURES_TOTAL,
         kind: Kind::Counter,
         help: "Failed syncs of the node's rules, by mode (the previous rules stay in place)",
+        labels: &["mode"],
+        buckets: vec![],
+    });
+    descs.push(Desc {
+        name: DRIFT_REPAIRS_TOTAL,
+        kind: Kind::Counter,
+        help: "Times the kernel state was found changed behind svcplane's back (a table deleted or flushed, a program detached) and rewritten in full, by mode",
         labels: &["mode"],
         buckets: vec![],
     });

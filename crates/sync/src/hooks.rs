@@ -35,6 +35,10 @@ pub trait AfterSync: Send + std::fmt::Debug {
     /// A batch of changes from the feed, before it is applied (they wait for a sync now).
     fn ingested(&mut self, _changes: &[Change]) {}
 
+    /// The mode found its kernel state changed behind svcplane's back (`found` says what);
+    /// a full resync follows.
+    fn drifted(&mut self, _found: &str) {}
+
     /// Called on every turn of the loop, synced or not (a few times a second), with the
     /// plan in force; for hooks that publish the plan only when someone looks.
     fn tick(&mut self, _plan: &NodePlan, _state: &ClusterState) {}

@@ -135,6 +135,9 @@ impl SyncLoop {
                 mode = self.dataplane.mode(),
                 "the kernel state changed behind svcplane's back ({found}); resyncing in full"
             );
+            for hook in &mut self.hooks {
+                hook.drifted(&found);
+            }
             self.dataplane.request_full_resync();
             self.force = true;
         }
