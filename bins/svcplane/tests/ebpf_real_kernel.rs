@@ -105,6 +105,8 @@ fn detached_programs_are_attached_again_within_five_seconds() {
         (pinned >= removed && ask().is_ok()).then_some(())
     });
     assert!(repaired.is_some(), "the programs were not attached again within 5 s\n{}", cluster.diagnostics());
+    let repairs = cluster.proxy_metric(THIS_NODE, "svcplane_drift_repairs_total{mode=\"ebpf\"}");
+    assert!(repairs >= Some(1.0), "the repair is counted on /metrics: {repairs:?}");
     cluster.teardown();
 }
 

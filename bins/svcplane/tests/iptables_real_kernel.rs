@@ -187,6 +187,8 @@ fn a_flush_behind_svcplanes_back_is_repaired(backend: Backend) {
     eprintln!("repaired after {took:?}, answered by {}", reply.server_name);
     let log = cluster.proxy_log(THIS_NODE);
     assert!(log.contains("changed behind its back"), "the proxy says why it resynced:\n{log}");
+    let repairs = cluster.proxy_metric(THIS_NODE, "svcplane_drift_repairs_total{mode=\"iptables\"}");
+    assert!(repairs >= Some(1.0), "the repair is counted on /metrics: {repairs:?}");
     cluster.teardown();
 }
 

@@ -360,16 +360,7 @@ fn a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(damage
     eprintln!("{damage:?}: repaired after {took:?}, answered by {}", reply.server_name);
     let log = cluster.proxy_log(THIS_NODE);
     assert!(log.contains("behind svcplane's back"), "the proxy says what it found:\n{log}");
-    let metrics = svcplane_testbed::run_in_namespace(&node, || {
-        svcplane_ops::http::get("127.0.0.1:10249".parse().expect("an address"), "/metrics")
-    })
-    .expect("entering node1")
-    .expect("the proxy's /metrics")
-    .2;
-    let repairs = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("svcplane_drift_repairs_total{mode=\"nftables\"} "))
-        .and_then(|v| v.parse::<f64>().ok());
+    let repairs = cluster.proxy_metric(THIS_NODE, "svcplane_drift_repairs_total{mode=\"nftables\"}");
     assert!(repairs >= Some(1.0), "the repair is counted on /metrics: {repairs:?}");
     cluster.teardown();
 }

@@ -300,6 +300,18 @@ impl Cluster {
         std::fs::read_to_string(&proxy.log).unwrap_or_default()
     }
 
+    /// One series of `node`'s proxy's `/metrics` (the line starting with `series `), read
+    /// from inside the node as Prometheus on the node would.
+    pub fn proxy_metric(&self, node: u16, series: &str) -> Option<f64> {
+        let namespace = self.lab().node(node).namespace_name().to_owned();
+        let address: SocketAddr = "127.0.0.1:10249".parse().expect("an address");
+        let (_, _, body) =
+            svcplane_testbed::run_in_namespace(&namespace, || svcplane_ops::http::get(address, "/metrics"))
+                .ok()?
+                .ok()?;
+        body.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
     /// Stops the proxy of `node` (its rules stay, as after a real stop).
     pub fn stop_proxy(&mut self, node: u16) {
         self.proxy(node).stop();
