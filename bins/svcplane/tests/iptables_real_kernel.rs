@@ -189,6 +189,13 @@ fn a_flush_behind_svcplanes_back_is_repaired(backend: Backend) {
     assert!(log.contains("changed behind its back"), "the proxy says why it resynced:\n{log}");
     let repairs = cluster.proxy_metric(THIS_NODE, "svcplane_drift_repairs_total{mode=\"iptables\"}");
     assert!(repairs >= Some(1.0), "the repair is counted on /metrics: {repairs:?}");
+    for table in ["nat", "filter"] {
+        let rules = cluster.proxy_metric(
+            THIS_NODE,
+            &format!("kubeproxy_sync_proxy_rules_iptables_total{{ip_family=\"IPv4\",table=\"{table}\"}}"),
+        );
+        assert!(rules > Some(0.0), "the {table} table's rules are counted: {rules:?}");
+    }
     cluster.teardown();
 }
 

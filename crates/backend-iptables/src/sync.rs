@@ -597,6 +597,24 @@ impl<I: Iptables + Send + std::fmt::Debug> Dataplane for IptablesBackend<I> {
         "iptables"
     }
 
+    /// The Services' rules per family and table, from the record of what was written (the
+    /// few fixed rules of the base chains are not counted).
+    fn rule_counts(&self) -> Vec<svcplane_core::RuleCount> {
+        let mut counts: BTreeMap<(IpFamily, &'static str), usize> = BTreeMap::new();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            counts.insert((family, "nat"), 0);
+            counts.insert((family, "filter"), 0);
+        }
+        for (key, port) in &self.written {
+            for (chain, rules) in &port.shared {
+                let table = if chain.table() == Table::Nat { "nat" } else { "filter" };
+                *counts.entry((key.family, table)).or_default() += rules.len();
+            }
+            *counts.entry((key.family, "nat")).or_default() += port.chains.iter().map(|(_, r)| r.len()).sum::<usize>();
+        }
+        counts.into_iter().map(|((family, table), rules)| svcplane_core::RuleCount { family, table, rules }).collect()
+    }
+
     fn sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<CoreSyncReport, DataplaneError> {
         let report = IptablesBackend::sync(self, plan, diff)?;
         Ok(CoreSyncReport { full: report.full, service_ports: report.service_ports, operations: report.operations })

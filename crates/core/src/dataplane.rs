@@ -18,6 +18,14 @@ pub struct SyncReport {
     pub operations: usize,
 }
 
+/// The rules a mode owns in one table of one family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleCount {
+    pub family: crate::IpFamily,
+    pub table: &'static str,
+    pub rules: usize,
+}
+
 /// One mode of programming the node.
 ///
 /// Contract: a sync either brings the kernel in line with the plan or fails leaving the
@@ -43,6 +51,13 @@ pub trait Dataplane: Send + std::fmt::Debug {
 
     /// Removes everything this mode programmed. Returns whether anything was there.
     fn cleanup(&mut self) -> Result<bool, DataplaneError>;
+
+    /// How many rules this mode owns per family and table, for modes whose kernel objects
+    /// are rules in tables (iptables: kube-proxy's `kubeproxy_sync_proxy_rules_iptables_total`).
+    /// Read from the mode's own record of what it wrote, never from the kernel.
+    fn rule_counts(&self) -> Vec<RuleCount> {
+        Vec::new()
+    }
 
     /// The kernel's per-endpoint connection counters of what this mode programmed (see
     /// [`crate::counters`]). A mode that keeps none says so.

@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime};
 use svcplane_core::plan::{EndpointSetKind, FrontendKind};
 use svcplane_core::{Change, ClusterState, DataplaneError, IpFamily, NodePlan};
 use svcplane_metrics::{
-    ENDPOINT_CHANGES_PENDING, ENDPOINT_CHANGES_TOTAL, IPTABLES_RESTORE_FAILURES_TOTAL, NETWORK_PROGRAMMING_DURATION,
-    NFTABLES_SYNC_FAILURES_TOTAL, NO_LOCAL_ENDPOINTS_TOTAL, Registry, SERVICE_CHANGES_PENDING, SERVICE_CHANGES_TOTAL,
-    SYNC_FULL_PROXY_RULES_DURATION, SYNC_PARTIAL_PROXY_RULES_DURATION, SYNC_PROXY_RULES_DURATION,
-    SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP, SYNC_PROXY_RULES_LAST_TIMESTAMP,
+    ENDPOINT_CHANGES_PENDING, ENDPOINT_CHANGES_TOTAL, IPTABLES_RESTORE_FAILURES_TOTAL, IPTABLES_TOTAL,
+    NETWORK_PROGRAMMING_DURATION, NFTABLES_SYNC_FAILURES_TOTAL, NO_LOCAL_ENDPOINTS_TOTAL, Registry,
+    SERVICE_CHANGES_PENDING, SERVICE_CHANGES_TOTAL, SYNC_FULL_PROXY_RULES_DURATION, SYNC_PARTIAL_PROXY_RULES_DURATION,
+    SYNC_PROXY_RULES_DURATION, SYNC_PROXY_RULES_LAST_QUEUED_TIMESTAMP, SYNC_PROXY_RULES_LAST_TIMESTAMP,
 };
 use svcplane_sync::{AfterSync, Synced};
 
@@ -145,6 +145,9 @@ impl AfterSync for OpsFeed {
         self.pending_endpoint_changes = 0;
         self.publish_pending();
         self.publish_no_local_endpoints(sync.plan);
+        for count in sync.rule_counts {
+            self.metrics.set(IPTABLES_TOTAL, &[family_label(count.family), count.table], count.rules as f64);
+        }
         if let Some(node) = sync.state.node(&self.node_name) {
             self.health.set_node_leaving(Some(node.leaving));
         }

@@ -22,6 +22,8 @@ pub struct Synced<'a> {
     pub elapsed: Duration,
     /// The cluster state the plan was made from.
     pub state: &'a ClusterState,
+    /// Rules the mode owns per family and table (empty for modes without rule tables).
+    pub rule_counts: &'a [svcplane_core::RuleCount],
 }
 
 /// Something that follows the kernel's state.

@@ -169,12 +169,15 @@ impl SyncLoop {
                 self.failures = 0;
                 self.retry_at = None;
                 self.last_sync = Some(now);
+                let elapsed = started.elapsed();
+                let rule_counts = self.dataplane.rule_counts();
                 let synced = Synced {
                     plan: &self.plan,
                     diff: &diff,
                     report: &report,
-                    elapsed: started.elapsed(),
+                    elapsed,
                     state: &self.state,
+                    rule_counts: &rule_counts,
                 };
                 for hook in &mut self.hooks {
                     hook.synced(&synced);
