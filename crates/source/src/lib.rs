@@ -30,5 +30,8 @@ pub use convert::{Converted, FieldError, Problem, convert_objects, node_to_core,
 pub use diff::SnapshotDiffer;
 pub use dns_view::{DnsView, dns_view, service_to_dns};
 pub use feed::{FeedError, ManifestsFeed, ManifestsSettings};
-pub use manifests::{ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, Position, load_directory};
+pub use manifests::{
+    ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, Position, load_directory,
+    parse_manifest_text,
+};
 pub use watch::{DEFAULT_POLL_INTERVAL, DirectoryWatcher};
