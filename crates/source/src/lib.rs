@@ -6,7 +6,8 @@
 //!   out as [`svcplane_core::Change`]s for the proxy or discovery views for cluster DNS.
 //! - [`manifests`] loads every `*.yaml`, `*.yml` and `*.json` file of a directory into
 //!   k8s-openapi objects ([`ClusterObjects`]), remembering which file each came from and
-//!   reporting every broken document without dropping the rest.
+//!   reporting every broken document without dropping the rest; [`parse_manifest_text`]
+//!   parses one file's text the same way (the fuzz target and tests use it).
 //! - [`watch`] notices edits, additions and deletions in that directory and reloads.
 //! - [`convert`] validates Services, EndpointSlices and Nodes and converts them into
 //!   [`svcplane_core`] values; errors name the file, the object and the field.
@@ -33,5 +34,8 @@ pub use convert::{
 pub use diff::SnapshotDiffer;
 pub use dns_view::{DnsView, dns_view, service_to_dns};
 pub use feed::{FeedError, ManifestsFeed, ManifestsSettings};
-pub use manifests::{ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, Position, load_directory};
+pub use manifests::{
+    ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, Position, load_directory,
+    parse_manifest_text,
+};
 pub use watch::{DEFAULT_POLL_INTERVAL, DirectoryWatcher};

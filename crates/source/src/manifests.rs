@@ -535,16 +535,7 @@ pub(crate) fn read_and_parse(paths: Vec<PathBuf>) -> Vec<(Arc<Path>, FileContent
 
     let mut work = Vec::new();
     for (file, text) in &texts {
-        if is_json(&files[*file].0) {
-            work.push(Work { file: *file, unit: Unit::Json(text) });
-        } else {
-            let documents = split_documents(text);
-            let numbered = documents.len() > 1;
-            for (index, document) in documents.into_iter().enumerate() {
-                let index = numbered.then_some(index + 1);
-                work.push(Work { file: *file, unit: Unit::Yaml { document, index } });
-            }
-        }
+        push_work(&mut work, *file, is_json(&files[*file].0), text);
     }
 
     let paths: Vec<Arc<Path>> = files.iter().map(|(path, _)| Arc::clone(path)).collect();
@@ -554,6 +545,35 @@ pub(crate) fn read_and_parse(paths: Vec<PathBuf>) -> Vec<(Arc<Path>, FileContent
         contents.errors.extend(parsed.errors);
     }
     files
+}
+
+/// Parses the text of one manifest file as if it had been read from `path` (whose extension
+/// decides JSON or YAML, as for [`load_directory`]); nothing is read from disk. The same
+/// parsing as [`load_directory`], for one file: used by the fuzz target and by tests.
+pub fn parse_manifest_text(path: &Path, text: &str) -> Loaded {
+    let file: Arc<Path> = Arc::from(path);
+    let mut work = Vec::new();
+    push_work(&mut work, 0, is_json(path), text);
+    let mut assembler = Assembler::default();
+    for (_, contents) in parse_work(&work, &[file]) {
+        assembler.add_file(contents.objects, contents.errors);
+    }
+    assembler.finish()
+}
+
+/// Splits the text of file number `file` into work units: the whole text for JSON, one unit
+/// per document for YAML.
+fn push_work<'a>(work: &mut Vec<Work<'a>>, file: usize, json: bool, text: &'a str) {
+    if json {
+        work.push(Work { file, unit: Unit::Json(text) });
+        return;
+    }
+    let documents = split_documents(text);
+    let numbered = documents.len() > 1;
+    for (index, document) in documents.into_iter().enumerate() {
+        let index = numbered.then_some(index + 1);
+        work.push(Work { file, unit: Unit::Yaml { document, index } });
+    }
 }
 
 fn is_json(path: &Path) -> bool {
@@ -1084,6 +1104,23 @@ metadata: {name: web-2}
 spec:
   containers: [{name: app, image: app}]
 ";
+
+    #[test]
+    fn one_file_s_text_parses_as_the_same_file_loaded_from_a_directory_does() {
+        let dir = TempDir::new("text");
+        let broken =
+            format!("{WEB_AND_PODS}---\napiVersion: v1\nkind: Service\nmetadata: {{name: bad}}\nspec: {{ports: 7}}\n");
+        let path = dir.write("web.yaml", &broken);
+        let from_disk = load_directory(&dir.0);
+        let from_text = parse_manifest_text(&path, &broken);
+        assert_eq!(messages(&from_text), messages(&from_disk));
+        assert_eq!(messages(&from_text).len(), 1, "{:?}", messages(&from_text));
+        assert_eq!(names(&from_text.objects.services, |o| &o.metadata), ["web"]);
+        assert_eq!(names(&from_text.objects.pods, |o| &o.metadata), ["web-1", "web-2"]);
+        let web = ObjectRef::new(ObjectKind::Service, DEFAULT_NAMESPACE, "web");
+        assert_eq!(from_text.origins.position_of(&web), from_disk.origins.position_of(&web));
+        assert_eq!(from_text.origins.len(), from_disk.origins.len());
+    }
 
     #[test]
     fn multi_document_yaml_with_a_service_and_pods_loads_all() {

@@ -225,6 +225,53 @@ impl NftNetlink {
     }
 }
 
+/// One message of a buffer received from the kernel, as the receive paths read it.
+#[derive(Debug, Clone)]
+pub enum KernelReply {
+    /// An `NLMSG_ERROR`: an ack (`errno` 0) or an error for the message numbered `seq`, with
+    /// the extended ack's attribute offset and text when given.
+    Ack { errno: i32, seq: u32, bad_attr_offset: Option<u32>, message: Option<String> },
+    /// An `NLMSG_ERROR` too short to say which message it answers.
+    TruncatedAck,
+    /// An `NLMSG_DONE`, ending a dump.
+    Done { errno: i32 },
+    /// Any other message: what the set query and the element query make of it (the set's
+    /// definition, if its types are ones this crate knows; whether it holds an element
+    /// other than an interval end).
+    Object { msg_type: u16, seq: u32, set: Option<Set>, holds_element: bool },
+}
+
+/// Decodes a buffer of back-to-back netlink messages the way [`NftNetlink`] reads the
+/// kernel's answers, with the same decoders, down to the error text it would report. Bytes
+/// the kernel would never send are cut short or ignored, never a panic: the fuzz target
+/// `netlink_replies` checks that on arbitrary input.
+pub fn decode_kernel_replies(buf: &[u8]) -> Vec<KernelReply> {
+    messages(buf)
+        .map(|message| match message.msg_type {
+            NLMSG_ERROR => match parse_ack(&message) {
+                Some(ack) => {
+                    // The text an error becomes, as `classify` and `refused` build it.
+                    let _ = describe(ack.errno, &ack.message);
+                    KernelReply::Ack {
+                        errno: ack.errno,
+                        seq: ack.seq,
+                        bad_attr_offset: ack.bad_attr_offset,
+                        message: ack.message,
+                    }
+                }
+                None => KernelReply::TruncatedAck,
+            },
+            NLMSG_DONE => KernelReply::Done { errno: parse_done(&message).errno },
+            msg_type => KernelReply::Object {
+                msg_type,
+                seq: message.seq,
+                set: parse_set(message.payload, "set"),
+                holds_element: encode::holds_element(message.payload),
+            },
+        })
+        .collect()
+}
+
 fn socket_error(source: io::Error) -> NftError {
     NftError::Spawn { program: "the nf_tables netlink socket".to_owned(), source }
 }

@@ -130,13 +130,7 @@ impl NetlinkSocket {
                             .ok_or_else(|| io::Error::other("the kernel sent a truncated error"))?;
                         return Ok((replies, ack));
                     }
-                    NLMSG_DONE => {
-                        let error = message
-                            .payload
-                            .get(..4)
-                            .map_or(0, |bytes| i32::from_ne_bytes(bytes.try_into().expect("four bytes")));
-                        return Ok((replies, Ack { errno: -error, seq, bad_attr_offset: None, message: None }));
-                    }
+                    NLMSG_DONE => return Ok((replies, wire::parse_done(&message))),
                     _ => replies.push(message.payload.to_vec()),
                 }
             }

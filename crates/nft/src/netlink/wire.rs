@@ -441,7 +441,7 @@ pub(super) fn parse_ack(message: &Message<'_>) -> Option<Ack> {
     let original = payload.get(4..4 + NLMSG_HDRLEN)?;
     let original_len = u32::from_ne_bytes(original[0..4].try_into().ok()?) as usize;
     let seq = u32::from_ne_bytes(original[8..12].try_into().ok()?);
-    let mut ack = Ack { errno: -error, seq, bad_attr_offset: None, message: None };
+    let mut ack = Ack { errno: errno_of(error), seq, bad_attr_offset: None, message: None };
     if message.flags & NLM_F_ACK_TLVS != 0 {
         // The answered message follows in full unless the kernel capped it to its header.
         let echoed = if message.flags & NLM_F_CAPPED != 0 { NLMSG_HDRLEN } else { align(original_len) };
@@ -455,6 +455,20 @@ pub(super) fn parse_ack(message: &Message<'_>) -> Option<Ack> {
         }
     }
     Some(ack)
+}
+
+/// What an `NLMSG_DONE` message (the end of a dump) says: its error number, 0 when the
+/// payload holds none.
+pub(super) fn parse_done(message: &Message<'_>) -> Ack {
+    let error = message.payload.get(..4).and_then(|bytes| bytes.try_into().ok()).map_or(0, i32::from_ne_bytes);
+    Ack { errno: errno_of(error), seq: message.seq, bad_attr_offset: None, message: None }
+}
+
+/// The error number of a netlink error field (`-errno`, 0 for success). The kernel never
+/// sends `i32::MIN`, which has no positive counterpart; it reads as the largest error number
+/// (an unknown error, never success) rather than overflowing.
+fn errno_of(error: i32) -> i32 {
+    error.saturating_neg()
 }
 
 #[cfg(test)]
@@ -482,6 +496,41 @@ mod tests {
         assert_eq!(attrs[1].attr_type, NFTA_CHAIN_HOOK);
         let inner: Vec<_> = super::attrs(attrs[1].data, 0).collect();
         assert_eq!(inner[0].be_u32(), Some(3));
+    }
+
+    /// An `NLMSG_ERROR` message answering sequence number 7 with the error field `error`.
+    fn error_message(msg_type: u16, error: i32) -> Vec<u8> {
+        let mut buf = Vec::new();
+        buf.extend_from_slice(&36u32.to_ne_bytes());
+        buf.extend_from_slice(&msg_type.to_ne_bytes());
+        buf.extend_from_slice(&0u16.to_ne_bytes());
+        buf.extend_from_slice(&7u32.to_ne_bytes());
+        buf.extend_from_slice(&0u32.to_ne_bytes());
+        buf.extend_from_slice(&error.to_ne_bytes());
+        // The answered message's header: length 16, sequence number 7.
+        buf.extend_from_slice(&16u32.to_ne_bytes());
+        buf.extend_from_slice(&[0; 4]);
+        buf.extend_from_slice(&7u32.to_ne_bytes());
+        buf.extend_from_slice(&[0; 4]);
+        buf
+    }
+
+    // Found by the fuzz target `netlink_replies`: negating the error field overflowed.
+    #[test]
+    fn an_error_field_of_i32_min_reads_as_an_unknown_error_instead_of_overflowing() {
+        let buf = error_message(NLMSG_ERROR, i32::MIN);
+        let message = messages(&buf).next().unwrap();
+        let ack = parse_ack(&message).unwrap();
+        assert_eq!((ack.errno, ack.seq), (i32::MAX, 7));
+        assert_eq!(parse_done(&message).errno, i32::MAX);
+    }
+
+    #[test]
+    fn an_error_field_of_minus_enoent_reads_as_enoent_and_zero_as_an_ack() {
+        let buf = error_message(NLMSG_ERROR, -libc::ENOENT);
+        assert_eq!(parse_ack(&messages(&buf).next().unwrap()).unwrap().errno, libc::ENOENT);
+        let buf = error_message(NLMSG_ERROR, 0);
+        assert_eq!(parse_ack(&messages(&buf).next().unwrap()).unwrap().errno, 0);
     }
 
     #[test]
