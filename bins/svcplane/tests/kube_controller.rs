@@ -17,13 +17,26 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use svcplane_control_plane::{
-    BareNamespace, ControlPlane, ControlPlaneConfig, NetnsClient, binaries_for_test, objects,
+    BareNamespace, ControlPlane, ControlPlaneConfig, NetnsClient, UpstreamBinaries, binaries_for_test, objects,
 };
 use svcplane_kube::controller::normalized;
 
 const UPSTREAM: &str = "endpointslice-controller.k8s.io";
 const OURS: &str = "endpointslice-controller.svcplane.io";
 const CONVERGE_WITHIN: Duration = Duration::from_secs(60);
+
+/// A kube-apiserver (with etcd) in a namespace of its own, and a client for it; dropped in
+/// reverse order (client, plane, namespace).
+fn start_api(binaries: &UpstreamBinaries) -> (BareNamespace, ControlPlane, NetnsClient) {
+    let namespace = BareNamespace::create().expect("a namespace");
+    let address: IpAddr = "198.18.0.2".parse().unwrap();
+    namespace.add_loopback_address(address).unwrap();
+    let mut config = ControlPlaneConfig::new(namespace.name(), address);
+    config.service_cidrs = vec!["198.19.0.0/16".into(), "2001:db8:f::/108".into()];
+    let plane = ControlPlane::start(binaries, config).unwrap_or_else(|e| panic!("starting the control plane: {e}"));
+    let client = NetnsClient::connect(namespace.name(), plane.kubeconfig()).unwrap();
+    (namespace, plane, client)
+}
 
 fn service(name: &str, selector: &str, target_port: IntOrString, tweak: impl FnOnce(&mut ServiceSpec)) -> Service {
     let mut spec = ServiceSpec {
@@ -145,13 +158,7 @@ fn wait_until_equal(client: &NetnsClient, large: &BTreeSet<&str>, what: &str) ->
 #[test]
 fn svcplanes_endpoint_slices_equal_kube_controller_managers_and_one_pod_change_costs_one_write() {
     let Some(binaries) = binaries_for_test("kube_controller") else { return };
-    let namespace = BareNamespace::create().expect("a namespace");
-    let address: IpAddr = "198.18.0.2".parse().unwrap();
-    namespace.add_loopback_address(address).unwrap();
-    let mut config = ControlPlaneConfig::new(namespace.name(), address);
-    config.service_cidrs = vec!["198.19.0.0/16".into(), "2001:db8:f::/108".into()];
-    let plane = ControlPlane::start(&binaries, config).unwrap_or_else(|e| panic!("starting the control plane: {e}"));
-    let client = NetnsClient::connect(namespace.name(), plane.kubeconfig()).unwrap();
+    let (namespace, plane, client) = start_api(&binaries);
 
     for (node, zone) in [("node-a", "zone-a"), ("node-b", "zone-b")] {
         let ip: IpAddr = if node == "node-a" { "198.18.0.11" } else { "198.18.0.12" }.parse().unwrap();
@@ -284,13 +291,7 @@ fn versions(client: &NetnsClient, manager: &str) -> BTreeMap<String, String> {
 #[test]
 fn svcplane_takes_over_kube_controller_managers_slices_without_rewriting_them() {
     let Some(binaries) = binaries_for_test("kube_controller") else { return };
-    let namespace = BareNamespace::create().expect("a namespace");
-    let address: IpAddr = "198.18.0.2".parse().unwrap();
-    namespace.add_loopback_address(address).unwrap();
-    let mut config = ControlPlaneConfig::new(namespace.name(), address);
-    config.service_cidrs = vec!["198.19.0.0/16".into(), "2001:db8:f::/108".into()];
-    let plane = ControlPlane::start(&binaries, config).unwrap_or_else(|e| panic!("starting the control plane: {e}"));
-    let client = NetnsClient::connect(namespace.name(), plane.kubeconfig()).unwrap();
+    let (namespace, plane, client) = start_api(&binaries);
     client.create_node(&objects::node("node-a", &["198.18.0.11".parse().unwrap()], Some("zone-a"))).unwrap();
     client.create(&service("web", "web", IntOrString::Int(8080), |_| {})).unwrap();
     client.create(&service("empty", "nobody", IntOrString::Int(8080), |_| {})).unwrap();
@@ -484,13 +485,7 @@ fn create_app(client: &NetnsClient, name: &str, pods: u32, first_ip: u32) {
 #[test]
 fn of_two_controller_replicas_only_the_lease_holder_writes_and_the_other_takes_over_when_it_dies_or_stops() {
     let Some(binaries) = binaries_for_test("kube_controller") else { return };
-    let namespace = BareNamespace::create().expect("a namespace");
-    let address: IpAddr = "198.18.0.2".parse().unwrap();
-    namespace.add_loopback_address(address).unwrap();
-    let mut config = ControlPlaneConfig::new(namespace.name(), address);
-    config.service_cidrs = vec!["198.19.0.0/16".into(), "2001:db8:f::/108".into()];
-    let plane = ControlPlane::start(&binaries, config).unwrap_or_else(|e| panic!("starting the control plane: {e}"));
-    let client = NetnsClient::connect(namespace.name(), plane.kubeconfig()).unwrap();
+    let (_namespace, plane, client) = start_api(&binaries);
     client.create_node(&objects::node("node-a", &["198.18.0.11".parse().unwrap()], Some("zone-a"))).unwrap();
     create_app(&client, "first", 3, 0);
 
@@ -556,14 +551,7 @@ fn of_two_controller_replicas_only_the_lease_holder_writes_and_the_other_takes_o
 #[test]
 fn a_leader_that_cannot_renew_within_the_renew_deadline_gives_up_and_exits_1() {
     let Some(binaries) = binaries_for_test("kube_controller") else { return };
-    let namespace = BareNamespace::create().expect("a namespace");
-    let address: IpAddr = "198.18.0.2".parse().unwrap();
-    namespace.add_loopback_address(address).unwrap();
-    let mut config = ControlPlaneConfig::new(namespace.name(), address);
-    config.service_cidrs = vec!["198.19.0.0/16".into(), "2001:db8:f::/108".into()];
-    let mut plane =
-        ControlPlane::start(&binaries, config).unwrap_or_else(|e| panic!("starting the control plane: {e}"));
-    let client = NetnsClient::connect(namespace.name(), plane.kubeconfig()).unwrap();
+    let (_namespace, mut plane, client) = start_api(&binaries);
     client.create_node(&objects::node("node-a", &["198.18.0.11".parse().unwrap()], Some("zone-a"))).unwrap();
     create_app(&client, "first", 1, 0);
     let leader = Replica::start(&plane, "replica-a");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use svcplane_core::plan::{EndpointSetKind, FrontendKind};
-use svcplane_core::{Change, ClusterState, DataplaneError, IpFamily, NodePlan};
+use svcplane_core::{Change, DataplaneError, IpFamily, NodePlan};
 use svcplane_metrics::{
     ENDPOINT_CHANGES_PENDING, ENDPOINT_CHANGES_TOTAL, IPTABLES_RESTORE_FAILURES_TOTAL, IPTABLES_TOTAL,
     NETWORK_PROGRAMMING_DURATION, NFTABLES_SYNC_FAILURES_TOTAL, NO_LOCAL_ENDPOINTS_TOTAL, Registry,
@@ -172,8 +172,6 @@ impl AfterSync for OpsFeed {
     fn drifted(&mut self, _found: &str) {
         self.metrics.add(DRIFT_REPAIRS_TOTAL, &[self.mode], 1.0);
     }
-
-    fn tick(&mut self, _plan: &NodePlan, _state: &ClusterState) {}
 }
 
 /// svcplane's own: kernel state found changed behind svcplane's back, each repaired by a full sync.
