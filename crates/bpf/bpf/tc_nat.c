@@ -114,8 +114,17 @@ struct nat {
 	__u16 dport;
 	__u32 port_id; /* forward entries of UDP flows; 0 otherwise */
 	__u8 forward;  /* 1: the client's direction; 0: replies */
-	__u8 pad[7];
+	__u8 pad[3];
+	/* Forward entries of UDP flows: when the client last sent (seconds of
+	 * bpf_ktime_get_ns), so an idle flow ends as a conntrack entry would. */
+	__u32 last_seen_s;
 };
+
+/* A UDP flow silent this long is over: a later datagram with the same ports is a new flow,
+ * balanced afresh and counted (the kernel's conntrack forgets an unreplied UDP flow after
+ * 30 s; without this, a new socket reusing an old source port would inherit its endpoint
+ * for as long as the LRU map kept the entry). */
+#define UDP_FLOW_IDLE_S 30
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -589,6 +598,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, const struct packet *
 	forward.sport = p->flow.sport;
 	forward.port_id = p->flow.proto == IPPROTO_UDP ? svc->port_id : 0;
 	forward.forward = 1;
+	forward.last_seen_s = (__u32)(bpf_ktime_get_ns() / NS_PER_SEC);
 	if (flags & SVC_F_MASQ) {
 		__u32 zero = 0;
 		struct tc_config *cfg = bpf_map_lookup_elem(&svcplane_tc_config, &zero);
@@ -642,10 +652,18 @@ int svcplane_tc_ingress(struct __sk_buff *skb)
 	struct nat *known = bpf_map_lookup_elem(&svcplane_ct, &p.flow);
 	if (known) {
 		struct nat to = *known;
-		/* A UDP flow whose endpoint stopped serving is balanced afresh; so is a TCP SYN
-		 * that reuses the ports of a connection long gone (the entry outlived it). */
-		if ((!to.port_id || still_serving(&to)) && !(to.forward && is_new_connection(skb, &p)))
+		/* A UDP flow whose endpoint stopped serving or that fell silent is balanced afresh;
+		 * so is a TCP SYN that reuses the ports of a connection long gone (the entry
+		 * outlived it). Only UDP forward entries carry a port id. */
+		__u32 now_s = (__u32)(bpf_ktime_get_ns() / NS_PER_SEC);
+		int udp_forward = to.port_id != 0;
+		int idle = udp_forward && now_s - to.last_seen_s > UDP_FLOW_IDLE_S;
+		if (!idle && (!udp_forward || still_serving(&to)) && !(to.forward && is_new_connection(skb, &p))) {
+			/* One write a second at most per flow, not one per datagram. */
+			if (udp_forward && to.last_seen_s != now_s)
+				known->last_seen_s = now_s;
 			return translate(skb, &p, &to);
+		}
 		bpf_map_delete_elem(&svcplane_ct, &p.flow);
 	}
 	return new_flow(skb, &p);

@@ -544,7 +544,9 @@ fn expect_sticky_while_talking(cluster: &Cluster, probe: &Probe, by: &[&str]) ->
 
 /// Source ports for rows that re-use one: unique across every row of the test process.
 fn fixed_source_port() -> u16 {
-    static NEXT: AtomicU16 = AtomicU16::new(41000);
+    // Below the kernel's ephemeral range (32768-60999): no earlier request with a random
+    // source port can have left a flow (a conntrack entry, a BPF flow) on these ports.
+    static NEXT: AtomicU16 = AtomicU16::new(20000);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
@@ -875,8 +877,8 @@ fn echo_counters(cluster: &Cluster) -> Result<BTreeMap<(String, SocketAddr), u64
     Ok(counters)
 }
 
-/// Sends [`COUNTED_CONNECTIONS`] TCP connections and as many UDP flows (fresh source port
-/// each) from a pod on node1 to the echo Service's IPv4 ClusterIP and checks that node1's
+/// Sends [`COUNTED_CONNECTIONS`] TCP connections and as many UDP flows (a source port
+/// never used before each) from a pod on node1 to the echo Service's IPv4 ClusterIP and checks that node1's
 /// kernel counters grew by exactly the connections each endpoint answered, per protocol.
 pub fn check_connection_counters(cluster: &Cluster) {
     let echo = cluster.service(manifests::ECHO_SERVICE).expect("the echo Service");
@@ -887,7 +889,11 @@ pub fn check_connection_counters(cluster: &Cluster) {
     let mut answered: BTreeMap<(String, SocketAddr), u64> = BTreeMap::new();
     for protocol in [Protocol::Tcp, Protocol::Udp] {
         for sent in 0..COUNTED_CONNECTIONS {
-            let reply = net::request(lab, &namespace, protocol, target, None, ANSWER_TIMEOUT)
+            // A UDP flow is its ports: a new socket that happened to reuse the source port of
+            // a flow still alive would continue that flow (in every mode), so each gets a port
+            // never used before.
+            let source = (protocol == Protocol::Udp).then(|| net::unspecified(target, fixed_source_port()));
+            let reply = net::request(lab, &namespace, protocol, target, source, ANSWER_TIMEOUT)
                 .unwrap_or_else(|error| panic!("{protocol} connection {} to {target}: {error}", sent + 1));
             let endpoint = SocketAddr::new(manifests::pod_ip(&reply.server_name, super::Family::V4), echo.target_port);
             *answered.entry((protocol.to_string(), endpoint)).or_default() += 1;
