@@ -18,7 +18,11 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
         Mode::Nftables => {
             let client = match args.nft_mechanism {
                 NftMechanism::Netlink => {
-                    NftClient::Netlink(NftNetlink::new().context("opening the nf_tables netlink socket")?)
+                    let netlink = NftNetlink::new().context("opening the nf_tables netlink socket")?;
+                    NftClient::Netlink(match &args.inject_nft_faults_from {
+                        Some(path) => netlink.with_fault_file(path),
+                        None => netlink,
+                    })
                 }
                 NftMechanism::Cli => NftClient::Cli(NftCli::new().with_program(args.nft_program.clone())),
             };

@@ -306,3 +306,98 @@ fn endpoints_changing_every_second_lose_none_of_100k_requests_in_ebpf_mode() {
     }
     endpoints_changing_every_second_lose_none_of_100k_connects(EBPF);
 }
+
+/// `nft -s list ruleset` in node1: the rules without counters, which the loads move.
+fn stateless_ruleset(cluster: &Cluster) -> String {
+    let lab = cluster.lab();
+    lab.exec_ok(lab.node(THIS_NODE).namespace_name(), &["nft", "-s", "list", "ruleset"])
+        .unwrap_or_else(|error| panic!("listing node1's ruleset: {error}"))
+}
+
+fn sync_failures(cluster: &Cluster) -> f64 {
+    cluster.proxy_metric(THIS_NODE, "svcplane_sync_failures_total{mode=\"nftables\"}").unwrap_or(0.0)
+}
+
+/// Which echo pods answer `requests` TCP requests from the pod on node1 to the echo
+/// Service's ClusterIP.
+fn answering_pods(cluster: &Cluster, requests: usize) -> std::collections::BTreeSet<String> {
+    let lab = cluster.lab();
+    let target = cluster.service(ECHO_SERVICE).and_then(|echo| echo.cluster_ip_address(false)).expect("a ClusterIP");
+    let namespace = lab.pod(POD_ON_THIS_NODE).namespace_name().to_owned();
+    (0..requests)
+        .filter_map(|_| lab.tcp_request(&namespace, target, Duration::from_secs(2)).ok())
+        .map(|reply| reply.server_name)
+        .collect()
+}
+
+/// Injects `faults` (one per transaction) into node1's proxy, makes an endpoint change
+/// (the echo pod `pod` turns not ready, or ready again) and checks what the sync loop does:
+/// with `rules_kept`, the kernel still holds the previous rules while the faults last; each
+/// failure is counted once, retries back off (1 s, then 2 s), and the next success brings
+/// the rules to the new state.
+fn fault_then_converge(cluster: &Cluster, faults: &[&str], pod: &str, ready: bool, rules_kept: bool) {
+    let failures_before = sync_failures(cluster);
+    let ruleset_before = stateless_ruleset(cluster);
+    let log_before = cluster.proxy_log(THIS_NODE).len();
+    cluster.queue_nft_faults(THIS_NODE, faults);
+    cluster.set_pod_ready(pod, ready);
+    let failed = eventually(Duration::from_secs(10), || (sync_failures(cluster) > failures_before).then_some(()));
+    assert!(
+        failed.is_some(),
+        "{faults:?}: the injected fault failed a sync (faults still queued: {}; failures {failures_before} -> {})\n{}",
+        cluster.queued_nft_faults(THIS_NODE),
+        sync_failures(cluster),
+        cluster.proxy_log(THIS_NODE)
+    );
+    if rules_kept {
+        // The first failure was just counted; the retry after it comes a second later.
+        assert_eq!(
+            stateless_ruleset(cluster),
+            ruleset_before,
+            "{faults:?}: after the failed transaction node1 holds exactly the previous rules"
+        );
+    }
+    let done = eventually(Duration::from_secs(15), || (cluster.queued_nft_faults(THIS_NODE) == 0).then_some(()));
+    assert!(done.is_some(), "{faults:?}: the proxy retried until every queued fault was taken");
+    // Converged: the change is in the kernel, through the retry that succeeded.
+    let converged = eventually(Duration::from_secs(10), || {
+        let answering = answering_pods(cluster, 30);
+        (answering.contains(pod) == ready).then_some(())
+    });
+    assert!(
+        converged.is_some(),
+        "{faults:?}: after the retries node1 sends {pod} {} connections\n{}",
+        if ready { "new" } else { "no new" },
+        cluster.diagnostics()
+    );
+    let failures = sync_failures(cluster) - failures_before;
+    assert_eq!(failures, faults.len() as f64, "{faults:?}: each injected fault failed exactly one sync");
+    let log = &cluster.proxy_log(THIS_NODE)[log_before..];
+    let retries: Vec<&str> =
+        log.lines().filter_map(|line| line.split("retrying in ").nth(1)?.split(':').next()).collect();
+    let expected: Vec<&str> = ["1s", "2s", "4s"][..faults.len()].to_vec();
+    assert_eq!(retries, expected, "{faults:?}: retries back off, doubling from 1 s\n{log}");
+    assert!(stateless_ruleset(cluster) != ruleset_before, "{faults:?}: the rules changed once the retry succeeded");
+}
+
+#[test]
+fn kernel_transaction_failures_keep_the_rules_whole_back_off_and_converge_in_nftables_mode() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "kernel_transaction_failures_keep_the_rules_whole_back_off_and_converge_in_nftables_mode",
+    ) {
+        return;
+    }
+    let cluster = Cluster::builder(NFTABLES).nft_faults().start();
+    let loads = start_loads(&cluster);
+    let pod = scenarios::OTHER_NODE_ECHO_PODS[0];
+    // The kernel refuses two transactions in a row: nothing of either applies.
+    fault_then_converge(&cluster, &["refused", "refused"], pod, false, true);
+    // The netlink socket is closed under the proxy: it opens a new one.
+    fault_then_converge(&cluster, &["socket-closed"], pod, true, true);
+    // The kernel applied the transaction but its answer was lost: the retry, a full sync,
+    // rewrites what is there and the proxy carries on.
+    fault_then_converge(&cluster, &["answers-lost"], pod, false, false);
+    let reports = finish(loads);
+    assert_nothing_failed(&cluster, "injected nftables transaction failures", &reports);
+    cluster.teardown();
+}

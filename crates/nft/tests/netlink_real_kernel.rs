@@ -1331,3 +1331,53 @@ fn timings_at_ten_thousand_services() {
     let counts: BTreeMap<&str, usize> = [("chains", ours.list(&ip_table()).matches("\tchain ").count())].into();
     assert_eq!(counts["chains"], services as usize + 5);
 }
+
+#[test]
+fn injected_faults_leave_each_transaction_whole_and_the_mechanism_recovers_on_a_fresh_socket() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "injected_faults_leave_each_transaction_whole_and_the_mechanism_recovers_on_a_fresh_socket",
+    ) {
+        return;
+    }
+    // The faulted namespace must always hold what a twin holds that got only the
+    // transactions the kernel was told to apply, with no fault in the way.
+    let faulted = NetNs::new("faults");
+    let twin = NetNs::new("faults-twin");
+    let faults = tempfile::tempdir().expect("a temporary directory");
+    let fault_file = faults.path().join("faults");
+    let mut netlink = faulted.netlink().with_fault_file(&fault_file);
+    let mut reference = twin.netlink();
+    let table = ip_table();
+    let apply_both = |netlink: &mut NftNetlink, reference: &mut NftNetlink, transaction: &Transaction| {
+        netlink.apply(transaction).expect("a transaction with no fault queued applies");
+        reference.apply(transaction).expect("the twin applies");
+    };
+    apply_both(&mut netlink, &mut reference, &every_addition_ipv4());
+    assert_same_table(&faulted, &twin, &table, "before any fault");
+
+    // Refused: the kernel aborts the batch at the injected message; nothing of it applied.
+    std::fs::write(&fault_file, "refused\n").unwrap();
+    let error = netlink.apply(&every_removal_ipv4()).expect_err("the kernel refuses the batch");
+    assert!(error.to_string().contains("svcplane-fault-injected"), "the error names the refused message: {error}");
+    assert_same_table(&faulted, &twin, &table, "a refused transaction leaves the previous ruleset whole");
+
+    // Socket closed: nothing is sent; the next transaction opens a fresh socket in the same
+    // namespace and applies.
+    std::fs::write(&fault_file, "socket-closed\n").unwrap();
+    let error = netlink.apply(&every_removal_ipv4()).expect_err("a closed socket sends nothing");
+    assert_eq!(error.kind(), ErrorKind::Io, "{error}");
+    assert_same_table(&faulted, &twin, &table, "nothing was sent on the closed socket");
+    apply_both(&mut netlink, &mut reference, &every_removal_ipv4());
+    assert_same_table(&faulted, &twin, &table, "the transaction after a closed socket");
+
+    // Answers lost: the kernel applied the batch whole though the sender cannot know it;
+    // the next transaction still works (a fresh socket: no stale answer taken for its own).
+    std::fs::write(&fault_file, "answers-lost\n").unwrap();
+    let error = netlink.apply(&every_addition_ipv4()).expect_err("lost answers are an error");
+    assert!(error.to_string().contains("ENOBUFS"), "{error}");
+    reference.apply(&every_addition_ipv4()).expect("the twin applies");
+    assert_same_table(&faulted, &twin, &table, "the batch whose answers were lost applied whole");
+    apply_both(&mut netlink, &mut reference, &every_removal_ipv4());
+    assert_same_table(&faulted, &twin, &table, "the transaction after lost answers");
+    assert!(std::fs::read_to_string(&fault_file).unwrap().is_empty(), "every queued fault was taken");
+}

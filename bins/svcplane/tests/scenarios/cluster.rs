@@ -109,6 +109,7 @@ pub struct ClusterBuilder {
     node_port_addresses: NodePortAddresses,
     line_servers: Vec<(Protocol, u16, &'static [&'static str])>,
     programmed_within: Duration,
+    nft_faults: bool,
 }
 
 impl ClusterBuilder {
@@ -137,6 +138,12 @@ impl ClusterBuilder {
         self
     }
 
+    /// Proxies take injected nftables faults from a file per node ([`Cluster::queue_nft_faults`]).
+    pub fn nft_faults(mut self) -> Self {
+        self.nft_faults = true;
+        self
+    }
+
     /// Builds the lab, writes the manifests, starts a proxy per node and waits until both
     /// answer for the echo Service in both families. Panics with the proxies' logs if not.
     pub fn start(self) -> Cluster {
@@ -153,6 +160,7 @@ impl ClusterBuilder {
         let mut cluster = Cluster {
             backend: self.backend,
             node_port_addresses: self.node_port_addresses,
+            nft_faults: self.nft_faults,
             services: manifests::SERVICES.to_vec(),
             proxies: Vec::new(),
             line_servers: Vec::new(),
@@ -248,6 +256,7 @@ pub struct Cluster {
     services: Vec<ServiceSpec>,
     proxies: Vec<Proxy>,
     line_servers: Vec<LineServers>,
+    nft_faults: bool,
     /// Always `Some` until [`Cluster::teardown`] takes it.
     lab: Option<Lab>,
     manifests: PathBuf,
@@ -262,6 +271,7 @@ impl Cluster {
             node_port_addresses: NodePortAddresses::Default,
             line_servers: Vec::new(),
             programmed_within: PROGRAMMED_WITHIN,
+            nft_faults: false,
         }
     }
 
@@ -427,6 +437,12 @@ impl Cluster {
         .to_vec();
         args.extend(node_port_address_args(self.node_port_addresses, node));
         args.extend(self.backend.proxy_args.iter().map(|arg| (*arg).to_owned()));
+        if self.nft_faults {
+            args.extend([
+                "--inject-nft-faults-from".to_owned(),
+                self.nft_fault_file(node).to_string_lossy().into_owned(),
+            ]);
+        }
         if self.backend.node_cgroups {
             let cgroup = lab.node_cgroup(node).expect("the lab made node cgroups");
             args.extend(["--cgroup-path".to_owned(), cgroup.to_string_lossy().into_owned()]);
@@ -444,6 +460,31 @@ impl Cluster {
         command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr);
         let child = command.spawn().expect("starting svcplane proxy");
         Proxy { node, log, child }
+    }
+
+    fn nft_fault_file(&self, node: u16) -> PathBuf {
+        self.dir.path().join(format!("nft-faults-node{node}"))
+    }
+
+    /// Queues faults for the next nftables transactions of `node`'s proxy, one per
+    /// transaction (`refused`, `answers-lost`, `socket-closed`); needs
+    /// [`ClusterBuilder::nft_faults`].
+    pub fn queue_nft_faults(&self, node: u16, faults: &[&str]) {
+        assert!(self.nft_faults, "the cluster was built without ClusterBuilder::nft_faults");
+        let path = self.nft_fault_file(node);
+        let temporary = path.with_extension("tmp");
+        std::fs::write(&temporary, faults.iter().map(|fault| format!("{fault}\n")).collect::<String>())
+            .expect("writing the fault file");
+        std::fs::rename(&temporary, &path).expect("renaming the fault file into place");
+    }
+
+    /// Faults queued for `node`'s proxy and not taken yet.
+    pub fn queued_nft_faults(&self, node: u16) -> usize {
+        std::fs::read_to_string(self.nft_fault_file(node))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count()
     }
 
     /// Where the proxy of `node` pins its BPF objects (backends with node cgroups).

@@ -39,11 +39,14 @@
 //! kernel then refuses elements of the wrong length).
 
 mod encode;
+mod faults;
 mod socket;
 mod wire;
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::io;
+use std::path::Path;
 use std::time::Duration;
 
 use crate::Nftables;
@@ -52,6 +55,8 @@ use crate::objects::{DataType, ElementValue, Operation, Set, Statement, TableNam
 use crate::{text, validation};
 
 use encode::{Batch, Catalog, KnownSet};
+pub use faults::Fault;
+use faults::FaultFile;
 use socket::NetlinkSocket;
 use wire::*;
 
@@ -59,30 +64,76 @@ use wire::*;
 #[derive(Debug)]
 pub struct NftNetlink {
     socket: NetlinkSocket,
+    /// The network namespace the socket talks to, for opening it again.
+    namespace: Option<File>,
+    /// The socket failed (an error of its own, not the kernel refusing a batch): nothing it
+    /// holds can be trusted (answers of an unknown batch may still be queued), so the next
+    /// request opens a fresh one first.
+    socket_failed: bool,
     seq: u32,
     /// Per table, the sets this mechanism created or asked the kernel about.
     sets: HashMap<TableName, HashMap<String, KnownSet>>,
+    /// Faults to inject, for tests (see [`NftNetlink::with_fault_file`]).
+    faults: Option<FaultFile>,
 }
 
 impl NftNetlink {
     /// Opens a socket in the calling thread's network namespace. Needs CAP_NET_ADMIN there.
     pub fn new() -> Result<Self, NftError> {
-        Ok(Self::with_socket(NetlinkSocket::open().map_err(socket_error)?))
+        let socket = NetlinkSocket::open().map_err(socket_error)?;
+        // Where this thread is now is where a socket opened again must talk to, whichever
+        // thread opens it. Without /proc, a new socket opens wherever its opener is.
+        let namespace = File::open("/proc/thread-self/ns/net").ok();
+        Ok(Self::with_socket(socket, namespace))
     }
 
     /// Opens a socket in the network namespace `ip netns` knows as `namespace` (under
     /// `/run/netns`). The socket keeps talking to that namespace, whichever thread uses it.
     pub fn in_network_namespace(namespace: &str) -> Result<Self, NftError> {
-        Ok(Self::with_socket(NetlinkSocket::open_in_namespace(namespace).map_err(socket_error)?))
+        let (socket, namespace) = NetlinkSocket::open_in_namespace(namespace).map_err(socket_error)?;
+        Ok(Self::with_socket(socket, Some(namespace)))
     }
 
-    fn with_socket(socket: NetlinkSocket) -> Self {
+    /// Injects the faults queued in `path`, one per transaction, for tests of what happens
+    /// when the kernel path fails ([`Fault`]: `refused`, `answers-lost`, `socket-closed`,
+    /// one per line). A missing or empty file injects nothing.
+    pub fn with_fault_file(mut self, path: &Path) -> Self {
+        self.faults = Some(FaultFile::new(path));
+        self
+    }
+
+    fn with_socket(socket: NetlinkSocket, namespace: Option<File>) -> Self {
         // Any start will do; the kernel only echoes it. The time makes two processes' numbers
         // differ, which helps anyone reading a netlink trace.
         let seq = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |since| since.as_secs() as u32);
-        NftNetlink { socket, seq, sets: HashMap::new() }
+        NftNetlink { socket, namespace, socket_failed: false, seq, sets: HashMap::new(), faults: None }
+    }
+
+    /// Opens a fresh socket if the last one failed, forgetting the sets it learned (a batch
+    /// whose outcome is unknown may have changed them).
+    fn ready_socket(&mut self) -> Result<(), NftError> {
+        if !self.socket_failed {
+            return Ok(());
+        }
+        let fresh = match &self.namespace {
+            Some(namespace) => NetlinkSocket::open_in(namespace),
+            None => NetlinkSocket::open(),
+        };
+        self.socket =
+            fresh.map_err(|error| socket_error(io::Error::new(error.kind(), format!("opening it again: {error}"))))?;
+        self.sets.clear();
+        self.socket_failed = false;
+        Ok(())
+    }
+
+    /// Notes a failure of the socket itself, so the next request starts on a fresh one.
+    fn note<T>(&mut self, result: Result<T, NftError>) -> Result<T, NftError> {
+        if let Err(NftError::Spawn { .. }) = &result {
+            self.socket_failed = true;
+        }
+        result
     }
 
     fn next_seqs(&mut self, count: usize) -> u32 {
@@ -164,6 +215,53 @@ impl Nftables for NftNetlink {
         if transaction.operations.is_empty() {
             return Ok(());
         }
+        self.ready_socket()?;
+        let fault = match &self.faults {
+            Some(faults) => faults.take().map_err(socket_error)?,
+            None => None,
+        };
+        let result = match fault {
+            None => self.apply_now(transaction),
+            Some(Fault::Refused) => {
+                // The kernel aborts the whole batch at the message it cannot apply.
+                let mut doomed = transaction.clone();
+                doomed.operations.push(Operation::DeleteChain(FAULT_CHAIN.to_owned()));
+                self.apply_now(&doomed)
+            }
+            Some(Fault::AnswersLost) => self.apply_now(transaction).and_then(|()| {
+                Err(socket_error(io::Error::new(
+                    io::ErrorKind::OutOfMemory,
+                    "the kernel's answers to a batch were lost (ENOBUFS, injected fault)",
+                )))
+            }),
+            Some(Fault::SocketClosed) => {
+                self.socket.close();
+                self.apply_now(transaction)
+            }
+        };
+        self.note(result)
+    }
+
+    fn delete_table(&mut self, table: &TableName) -> Result<bool, NftError> {
+        self.ready_socket()?;
+        let result = self.delete_table_now(table);
+        self.note(result)
+    }
+
+    fn count_rules(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError> {
+        validation::check_name(ObjectKind::Table, &table.name)?;
+        validation::check_name(ObjectKind::Chain, chain)?;
+        self.ready_socket()?;
+        let result = self.count_rules_of(table, chain);
+        self.note(result)
+    }
+}
+
+/// The chain an injected `refused` fault deletes: it never exists, so the kernel refuses.
+const FAULT_CHAIN: &str = "svcplane-fault-injected";
+
+impl NftNetlink {
+    fn apply_now(&mut self, transaction: &Transaction) -> Result<(), NftError> {
         let table = &transaction.table;
         let no_sets = HashMap::new();
         // Sequence numbers: the batch's, then as many more as set queries need.
@@ -193,7 +291,7 @@ impl Nftables for NftNetlink {
         Ok(())
     }
 
-    fn delete_table(&mut self, table: &TableName) -> Result<bool, NftError> {
+    fn delete_table_now(&mut self, table: &TableName) -> Result<bool, NftError> {
         validation::check_name(ObjectKind::Table, &table.name)?;
         self.sets.remove(table);
         let first_seq = self.next_seqs(3);
@@ -205,14 +303,6 @@ impl Nftables for NftNetlink {
         }
     }
 
-    fn count_rules(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError> {
-        validation::check_name(ObjectKind::Table, &table.name)?;
-        validation::check_name(ObjectKind::Chain, chain)?;
-        self.count_rules_of(table, chain)
-    }
-}
-
-impl NftNetlink {
     fn count_rules_of(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError> {
         let seq = self.next_seqs(1);
         let request = encode::get_rules_request(table, chain, seq);

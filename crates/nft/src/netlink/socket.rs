@@ -21,7 +21,8 @@ const NETNS_DIRECTORIES: [&str; 2] = ["/run/netns", "/var/run/netns"];
 
 #[derive(Debug)]
 pub(super) struct NetlinkSocket {
-    socket: Socket,
+    /// `None` once closed on purpose (an injected fault).
+    socket: Option<Socket>,
     /// The send buffer size asked for so far.
     send_buffer: usize,
     receive: Vec<u8>,
@@ -39,12 +40,13 @@ impl NetlinkSocket {
         // Raising the limits past the system-wide maximum needs CAP_NET_ADMIN, which nf_tables
         // needs anyway.
         setsockopt(&socket, sockopt::RcvBufForce, &RECEIVE_BUFFER)?;
-        Ok(NetlinkSocket { socket, send_buffer: 0, receive: vec![0; 1 << 17] })
+        Ok(NetlinkSocket { socket: Some(socket), send_buffer: 0, receive: vec![0; 1 << 17] })
     }
 
     /// Opens a socket in the network namespace `ip netns` knows as `name`, from a thread that
-    /// enters it and ends; the calling thread stays where it is.
-    pub(super) fn open_in_namespace(name: &str) -> io::Result<Self> {
+    /// enters it and ends; the calling thread stays where it is. Returns the namespace too,
+    /// for opening the socket again.
+    pub(super) fn open_in_namespace(name: &str) -> io::Result<(Self, File)> {
         if name.is_empty() || name.contains('/') || name == "." || name == ".." {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad network namespace name {name:?}")));
         }
@@ -53,16 +55,28 @@ impl NetlinkSocket {
             .map(|directory| Path::new(directory).join(name))
             .find(|path| path.exists())
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no network namespace named {name:?}")))?;
+        let namespace = File::open(&path)?;
+        Ok((Self::open_in(&namespace)?, namespace))
+    }
+
+    /// Opens a socket in the network namespace `namespace` (an open `/proc/.../ns/net` or
+    /// `/run/netns/NAME`), from a thread that enters it and ends.
+    pub(super) fn open_in(namespace: &File) -> io::Result<Self> {
         std::thread::scope(|scope| {
             scope
                 .spawn(|| {
-                    let namespace = File::open(&path)?;
                     setns(namespace, CloneFlags::CLONE_NEWNET)?;
                     Self::open()
                 })
                 .join()
                 .unwrap_or_else(|_| Err(io::Error::other("the thread opening the socket panicked")))
         })
+    }
+
+    /// Closes the socket (a fault injected on purpose): every later use fails with
+    /// `EBADF`, as with a socket closed under its user.
+    pub(super) fn close(&mut self) {
+        self.socket = None;
     }
 
     /// Sends one buffer of messages in one `sendmsg`, which is how the kernel takes a batch
@@ -72,10 +86,10 @@ impl NetlinkSocket {
         let needed = buf.len() + 4096;
         if needed > self.send_buffer {
             let size = needed.max(1 << 20);
-            setsockopt(&self.socket, sockopt::SndBufForce, &size)?;
+            setsockopt(live(&self.socket)?, sockopt::SndBufForce, &size)?;
             self.send_buffer = size;
         }
-        let sent = self.socket.send(buf, 0)?;
+        let sent = live(&self.socket)?.send(buf, 0)?;
         if sent != buf.len() {
             return Err(io::Error::other(format!("netlink sent {sent} of {} bytes", buf.len())));
         }
@@ -88,7 +102,7 @@ impl NetlinkSocket {
     pub(super) fn drain(&mut self, seqs: (u32, u32), on_ack: &mut dyn FnMut(Ack)) -> io::Result<bool> {
         let mut overflowed = false;
         loop {
-            match self.socket.recv(&mut &mut self.receive[..], libc::MSG_DONTWAIT) {
+            match live(&self.socket)?.recv(&mut &mut self.receive[..], libc::MSG_DONTWAIT) {
                 Ok(len) => {
                     for message in wire::messages(&self.receive[..len.min(self.receive.len())]) {
                         if message.msg_type == NLMSG_ERROR
@@ -114,7 +128,7 @@ impl NetlinkSocket {
         let mut replies = Vec::new();
         loop {
             let len = loop {
-                match self.socket.recv(&mut &mut self.receive[..], 0) {
+                match live(&self.socket)?.recv(&mut &mut self.receive[..], 0) {
                     Ok(len) => break len,
                     Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                     Err(error) => return Err(error),
@@ -140,4 +154,9 @@ impl NetlinkSocket {
 
 fn in_range(seq: u32, (first, last): (u32, u32)) -> bool {
     seq.wrapping_sub(first) <= last.wrapping_sub(first)
+}
+
+/// The socket, unless it was closed.
+fn live(socket: &Option<Socket>) -> io::Result<&Socket> {
+    socket.as_ref().ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
 }
