@@ -1,6 +1,8 @@
 //! What runs after a sync: each hook sees the plan that is now in the kernel and what
 //! changed, or hears that a sync failed.
 
+use std::collections::BTreeSet;
+use std::sync::mpsc;
 use std::time::Duration;
 use svcplane_conntrack::{ConntrackCli, UdpFlowFilter};
 use svcplane_core::conntrack::{FlowDestination, stale_udp_flows};
@@ -61,21 +63,53 @@ impl AfterSync for HealthServers {
 
 /// Deletes the UDP conntrack entries the core calls stale after each sync, once the rules
 /// that replace them are in (modes whose traffic goes through the kernel's conntrack).
-#[derive(Debug, Default)]
+///
+/// The deleting runs on a thread of its own: each filter is one walk of the whole
+/// conntrack table, and with a busy node's table (a hundred thousand entries) one endpoint
+/// leaving many Services cost seconds, during which the sync loop, had it waited, would
+/// have programmed nothing new. Filters queued while the thread is busy are merged.
+#[derive(Debug)]
 pub struct StaleUdpCleanup {
-    conntrack: ConntrackCli,
+    filters: mpsc::Sender<Vec<UdpFlowFilter>>,
+}
+
+impl Default for StaleUdpCleanup {
+    fn default() -> Self {
+        Self::new(ConntrackCli::default())
+    }
 }
 
 impl StaleUdpCleanup {
     pub fn new(conntrack: ConntrackCli) -> Self {
-        Self { conntrack }
+        let (filters, queue) = mpsc::channel::<Vec<UdpFlowFilter>>();
+        let worker = move || {
+            while let Ok(first) = queue.recv() {
+                let mut pending: BTreeSet<UdpFlowFilter> = first.into_iter().collect();
+                for more in queue.try_iter() {
+                    pending.extend(more);
+                }
+                for filter in pending {
+                    match conntrack.delete_udp_flows(&filter) {
+                        Ok(0) => {}
+                        Ok(deleted) => info!(deleted, port = filter.port, "removed stale UDP flows"),
+                        Err(error) => warn!("removing stale UDP flows: {error}"),
+                    }
+                }
+            }
+        };
+        // Without the thread, filters queue unread and nothing is deleted: logged, not fatal.
+        if let Err(error) = std::thread::Builder::new().name("stale-udp-cleanup".to_owned()).spawn(worker) {
+            warn!("starting the stale UDP flow cleanup thread: {error}");
+        }
+        Self { filters }
     }
 }
 
 impl AfterSync for StaleUdpCleanup {
     fn synced(&mut self, sync: &Synced<'_>) {
-        for stale in stale_udp_flows(sync.plan, sync.diff) {
-            let filter = UdpFlowFilter {
+        let filters: Vec<UdpFlowFilter> = stale_udp_flows(sync.plan, sync.diff)
+            .into_iter()
+            .map(|stale| UdpFlowFilter {
                 family: stale.family,
                 destination: match stale.destination {
                     FlowDestination::Address(address) => Some(address),
@@ -83,12 +117,11 @@ impl AfterSync for StaleUdpCleanup {
                 },
                 port: stale.port,
                 keep_replies_from: stale.keep_replies_from,
-            };
-            match self.conntrack.delete_udp_flows(&filter) {
-                Ok(0) => {}
-                Ok(deleted) => info!(deleted, port = filter.port, "removed stale UDP flows"),
-                Err(error) => warn!("removing stale UDP flows: {error}"),
-            }
+            })
+            .collect();
+        if !filters.is_empty() {
+            // Fails only once the thread is gone, and then there is nobody left to tell.
+            let _ = self.filters.send(filters);
         }
     }
 }
