@@ -408,6 +408,18 @@ pub struct EbpfArgs {
     /// Capacity of the per-socket reverse-translation and UDP-flow maps (LRU).
     #[arg(long, value_name = "N", default_value_t = 262_144)]
     pub bpf_map_sockets: u32,
+    /// How external traffic to another node's endpoint returns: `snat` (through this
+    /// node) or `dsr` (direct server return, IPv4: the endpoint's node answers the client
+    /// from the Service address, and the endpoint sees the client's address).
+    #[arg(long, value_enum, default_value = "snat")]
+    pub ebpf_external_mode: EbpfExternalMode,
+}
+
+/// `--ebpf-external-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EbpfExternalMode {
+    Snat,
+    Dsr,
 }
 
 #[derive(Debug, Clone, Args)]

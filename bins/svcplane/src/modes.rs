@@ -2,7 +2,7 @@
 //! [`svcplane_core::Dataplane`], and this is where it is built.
 
 use anyhow::Context;
-use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions};
+use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions, ExternalMode};
 use svcplane_backend_iptables::IptablesBackend;
 use svcplane_backend_ipvs::{IpvsBackend, IpvsConfig};
 use svcplane_backend_nftables::NftablesBackend;
@@ -10,7 +10,9 @@ use svcplane_core::Dataplane;
 use svcplane_iptables::{IptablesCli, Variant, detect_variant};
 use svcplane_nft::{NftCli, NftClient, NftNetlink};
 
-use crate::cli::{CleanupArgs, EbpfArgs, IptablesBackend as IptablesVariant, Mode, NftMechanism, ProxyArgs};
+use crate::cli::{
+    CleanupArgs, EbpfArgs, EbpfExternalMode, IptablesBackend as IptablesVariant, Mode, NftMechanism, ProxyArgs,
+};
 
 /// The dataplane `--mode` names, ready to sync (nothing touches the kernel until then).
 pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
@@ -47,6 +49,10 @@ fn ebpf_options(args: &EbpfArgs) -> EbpfOptions {
             reverse: args.bpf_map_sockets,
         },
         maglev_size: args.maglev_table_size,
+        external_mode: match args.ebpf_external_mode {
+            EbpfExternalMode::Snat => ExternalMode::Snat,
+            EbpfExternalMode::Dsr => ExternalMode::Dsr,
+        },
     }
 }
 

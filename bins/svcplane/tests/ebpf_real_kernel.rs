@@ -5,13 +5,14 @@
 
 mod scenarios;
 
-use scenarios::backends::EBPF;
+use scenarios::backends::{EBPF, EBPF_DSR};
 use std::time::Duration;
 
 use scenarios::cluster::{Cluster, ECHO_SERVICE, POD_ON_THIS_NODE, THIS_NODE};
 use scenarios::manifests::CONVERSATION_PORT;
 use scenarios::manifests::UDP_MOVING_SERVICE;
-use scenarios::{NodePortAddresses, Protocol, Scenario, check_rows, eventually};
+use scenarios::manifests::{LB_SERVICE, SERVICE_PORT};
+use scenarios::{Family, NodePortAddresses, Protocol, Scenario, check_rows, eventually};
 
 fn check_table(rows: &[Scenario]) {
     let cluster = Cluster::start(EBPF);
@@ -156,5 +157,63 @@ fn a_connected_udp_socket_moves_to_a_live_endpoint_within_two_and_a_half_seconds
     cluster.write_file(&file, &text);
     let moved = eventually(Duration::from_millis(2500), || ask().filter(|pod| pod == "node2-pod1"));
     assert!(moved.is_some(), "the connected socket still went to {first} 2.5 s after it stopped serving");
+    cluster.teardown();
+}
+
+#[test]
+fn with_direct_server_return_external_traffic_keeps_the_client_address_and_every_other_row_still_holds() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "with_direct_server_return_external_traffic_keeps_the_client_address_and_every_other_row_still_holds",
+    ) {
+        return;
+    }
+    let cluster = Cluster::start(EBPF_DSR);
+    for rows in [scenarios::REACHABILITY, scenarios::LOAD_BALANCER, scenarios::EXTERNAL_IPS, scenarios::TRAFFIC_POLICY]
+    {
+        check_rows(&cluster, rows);
+    }
+    // External client -> NodePort and load-balancer IP under Cluster policy, IPv4: endpoints
+    // on both nodes answer, each sees the client's own address, and the client's sockets
+    // (connected: they accept only the address they sent to) got every reply.
+    let lab = cluster.lab();
+    let echo = cluster.service(ECHO_SERVICE).expect("the echo Service");
+    let lb = cluster.service(LB_SERVICE).expect("the load-balancer Service");
+    let client = lab.client(1);
+    let client_ip = scenarios::manifests::client_ip(1, Family::V4);
+    let node_ip = std::net::IpAddr::V4(lab.node(THIS_NODE).ip_v4());
+    for protocol in [Protocol::Tcp, Protocol::Udp] {
+        let targets = [
+            std::net::SocketAddr::new(node_ip, echo.node_port(protocol).expect("a node port")),
+            std::net::SocketAddr::new(lb.load_balancer_ips(Family::V4, false)[0], SERVICE_PORT),
+        ];
+        for target in targets {
+            let mut answered = std::collections::BTreeSet::new();
+            for sent in 0..40 {
+                let reply = scenarios::net::request(
+                    lab,
+                    client.namespace_name(),
+                    protocol,
+                    target,
+                    None,
+                    Duration::from_secs(2),
+                )
+                .unwrap_or_else(|error| {
+                    panic!("{protocol} request {} to {target}: {error}\n{}", sent + 1, cluster.diagnostics())
+                });
+                assert_eq!(
+                    reply.client_addr.ip(),
+                    client_ip,
+                    "{protocol} to {target}: {} saw the client's own address",
+                    reply.server_name
+                );
+                answered.insert(reply.server_name);
+            }
+            assert!(
+                scenarios::OTHER_NODE_ECHO_PODS.iter().any(|pod| answered.contains(*pod)),
+                "{protocol} to {target}: endpoints on the other node answered directly ({answered:?})"
+            );
+            eprintln!("ok: {protocol} to {target} by direct server return, answered by {answered:?}");
+        }
+    }
     cluster.teardown();
 }

@@ -13,4 +13,4 @@ pub mod sync;
 pub use render::{Decision, NodeAddresses, PortEntries, render_all, render_port, render_text};
 pub use svcplane_bpf::MapSizes;
 pub use svcplane_bpf::maglev::is_prime;
-pub use sync::{DEFAULT_BPF_ROOT, EbpfBackend, EbpfOptions};
+pub use sync::{DEFAULT_BPF_ROOT, EbpfBackend, EbpfOptions, ExternalMode};

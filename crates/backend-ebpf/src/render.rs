@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
 use svcplane_bpf::maps::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
-use svcplane_bpf::{Scope, ServiceKey};
+use svcplane_bpf::{BackendValue, Scope, ServiceKey};
 use svcplane_core::{
     Destination, EndpointSetKind, Frontend, FrontendKind, IpFamily, NodePlan, PlanKey, Protocol, ServicePortPlan,
     SourceMatch, Unrouted,
@@ -47,6 +47,15 @@ pub struct PortEntries {
     /// UDP ports: every endpoint still serving (ready or terminating); flows already on one
     /// of these stay there. Empty for other protocols.
     pub serving: Vec<SocketAddr>,
+    /// The endpoints of `sets` that run on this node (the plan's local endpoints).
+    pub local: BTreeSet<SocketAddr>,
+}
+
+impl PortEntries {
+    /// An endpoint's entry in the backends map, marked local when it runs on this node.
+    pub fn backend_value(&self, endpoint: SocketAddr) -> BackendValue {
+        BackendValue::with_locality(endpoint, self.local.contains(&endpoint))
+    }
 }
 
 /// What the node looks like to the renderer: its own addresses.
@@ -159,6 +168,7 @@ pub fn render_port(plan: &NodePlan, port: &ServicePortPlan, node: &NodeAddresses
     if port.protocol == Protocol::Udp {
         entries.serving = port.serving_endpoints.clone();
     }
+    entries.local = port.local_endpoints.iter().copied().collect();
     for frontend in &port.frontends {
         for scope in [Scope::Node, Scope::Pod, Scope::External] {
             let (decision, masquerade) = decide(plan, port, frontend, scope);

@@ -41,6 +41,22 @@ pub struct EbpfOptions {
     pub sizes: MapSizes,
     /// Entries of each Maglev table (a prime).
     pub maglev_size: u32,
+    /// How the tc program returns external traffic it would SNAT (`--ebpf-external-mode`).
+    pub external_mode: ExternalMode,
+}
+
+/// How external traffic to another node's endpoint comes back, where the plan masquerades
+/// it so the reply returns through this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExternalMode {
+    /// SNAT to this node; the reply returns through it (what the plan spells out).
+    #[default]
+    Snat,
+    /// Direct server return (IPv4): no SNAT, the Service address travels with the flow's
+    /// first packet and the endpoint's node answers the client from it. The reply still
+    /// comes from the address the client used, which is what the plan's masquerade is for;
+    /// the endpoint also sees the client's own address. IPv6 flows keep the SNAT.
+    Dsr,
 }
 
 impl Default for EbpfOptions {
@@ -50,6 +66,7 @@ impl Default for EbpfOptions {
             cgroup: None,
             sizes: MapSizes::default(),
             maglev_size: svcplane_bpf::maglev::DEFAULT_TABLE_SIZE,
+            external_mode: ExternalMode::Snat,
         }
     }
 }
@@ -121,7 +138,8 @@ impl EbpfBackend {
         let options = SockLbOptions { bpf_root: self.options.bpf_root.clone(), cgroup, sizes: self.options.sizes };
         let cookie = svcplane_bpf::sys::current_netns_cookie()?;
         let lb = SockLb::open(&options, cookie)?;
-        let mut tc = TcNat::open(&self.options.bpf_root, self.options.sizes, self.options.maglev_size)?;
+        let mut tc = TcNat::open(&self.options.bpf_root, self.options.sizes, self.options.maglev_size)?
+            .with_direct_server_return(self.options.external_mode == ExternalMode::Dsr);
         let interfaces = svcplane_bpf::tc::node_interfaces()?;
         for interface in &interfaces {
             tc.attach(interface)?;
@@ -318,7 +336,7 @@ impl Bulk {
             let id = written.set_ids[kind];
             for (slot, endpoint) in endpoints.iter().enumerate() {
                 self.backend_keys.push(BackendKey { backend_set: id, slot: slot as u32 });
-                self.backend_values.push(BackendValue::new(*endpoint));
+                self.backend_values.push(written.entries.backend_value(*endpoint));
             }
         }
         self.live_keys.extend(written.live_keys());
@@ -361,10 +379,11 @@ fn write_sets(lb: &mut SockLb, written: &Written, old: Option<&Written>) -> Resu
             .map(Vec::as_slice)
             .unwrap_or_default();
         for (slot, endpoint) in endpoints.iter().enumerate() {
-            if before.get(slot) == Some(endpoint) {
+            let value = written.entries.backend_value(*endpoint);
+            if before.get(slot) == Some(endpoint) && old.map(|o| o.entries.backend_value(*endpoint)) == Some(value) {
                 continue;
             }
-            insert_backend(lb, BackendKey { backend_set: id, slot: slot as u32 }, *endpoint)?;
+            insert_backend(lb, BackendKey { backend_set: id, slot: slot as u32 }, value)?;
             operations += 1;
         }
     }
@@ -492,9 +511,9 @@ fn remove_live(lb: &mut SockLb, key: &LiveKey) -> Result<(), BpfError> {
     }
 }
 
-fn insert_backend(lb: &mut SockLb, key: BackendKey, endpoint: SocketAddr) -> Result<(), BpfError> {
-    lb.backends.insert(key, BackendValue::new(endpoint), 0).map_err(|source| {
-        map_error(svcplane_bpf::maps::BACKENDS_MAP, lb.sizes.backends, format!("{key:?} -> {endpoint}"), source)
+fn insert_backend(lb: &mut SockLb, key: BackendKey, value: BackendValue) -> Result<(), BpfError> {
+    lb.backends.insert(key, value, 0).map_err(|source| {
+        map_error(svcplane_bpf::maps::BACKENDS_MAP, lb.sizes.backends, format!("{key:?} -> {value:?}"), source)
     })
 }
 

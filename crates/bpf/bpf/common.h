@@ -54,8 +54,13 @@ struct backend_key {
 struct backend_value {
 	__u8 addr[16];
 	__u16 port;
+	/* In svcplane_backends: BACKEND_F_* flags. In copies kept for affinity: the slot. */
 	__u16 pad;
 };
+
+/* The endpoint runs on this node (the tc program's direct server return sends only flows
+ * to other nodes' endpoints with the Service address attached). */
+#define BACKEND_F_LOCAL 1
 
 /* Reverse translation of socket-balanced flows: a socket (cookie) talking to a backend
  * sees the Service address in recvmsg and getpeername. */

@@ -31,7 +31,24 @@ struct tc_config {
 	__u8 node_v4[16];
 	__u8 node_v6[16];
 	__u32 maglev_size;
-	__u32 pad;
+	__u32 flags; /* TC_F_* */
+};
+
+/* Direct server return for external traffic the plan masquerades: no SNAT; a flow to
+ * another node's endpoint carries the Service address (an IPv4 option on its first
+ * packet) so that node answers the client from it directly. */
+#define TC_F_DSR 1
+
+/* The IPv4 option carrying the Service address and port to the endpoint's node. Its type
+ * is one RFC 4727 sets aside for experiments (copied on fragmentation, class 0, number 30). */
+#define DSR_OPT4_TYPE 0x9e
+#define DSR_OPT4_LEN 8
+
+struct dsr_opt4 {
+	__u8 type;
+	__u8 len;
+	__be16 port;
+	__be32 addr;
 };
 
 /* Maglev: per endpoint set of an externally reachable frontend, a table of prime size
@@ -566,6 +583,89 @@ static __always_inline int is_node_address(const __u8 *addr)
 	       (a[0] == v6[0] && a[1] == v6[1] && a[2] == v6[2] && a[3] == v6[3]);
 }
 
+/* Rewrites the 20-byte IPv4 header at `l3` with `ihl` words and `delta` more bytes in all,
+ * its checksum over the header and `options` (`options_len` bytes, 0 or DSR_OPT4_LEN). */
+static __always_inline int rewrite_ip4_header(struct __sk_buff *skb, __u32 l3, __u8 ihl, int delta,
+					      struct dsr_opt4 *options, __u32 options_len)
+{
+	struct iphdr ip;
+	if (bpf_skb_load_bytes(skb, l3, &ip, sizeof(ip)))
+		return -1;
+	ip.ihl = ihl;
+	ip.tot_len = bpf_htons((__u16)(bpf_ntohs(ip.tot_len) + delta));
+	ip.check = 0;
+	__s64 sum = bpf_csum_diff(NULL, 0, (__be32 *)&ip, sizeof(ip), 0);
+	if (options_len)
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)options, DSR_OPT4_LEN, (__u32)sum);
+	ip.check = fold(sum);
+	return bpf_skb_store_bytes(skb, l3, &ip, sizeof(ip), 0);
+}
+
+/* A new external flow to another node's endpoint, in direct-server-return mode: DNAT only
+ * (the client's address stays), the Service address and port in an IPv4 option, out by the
+ * route to the endpoint. Later packets of the flow go without the option: the endpoint's
+ * node keeps what it learned from the first. */
+static __always_inline int dsr_forward(struct __sk_buff *skb, const struct packet *p, const struct nat *forward,
+				       const struct svc_key *frontend)
+{
+	if (rewrite(skb, p, 1, p->flow.dst, forward->dst, p->flow.dport, forward->dport))
+		return TC_ACT_SHOT;
+	struct dsr_opt4 option = {
+		.type = DSR_OPT4_TYPE,
+		.len = DSR_OPT4_LEN,
+		.port = frontend->port,
+		.addr = ((const __u32 *)frontend->addr)[3],
+	};
+	/* Room right after the fixed 20-byte header, where options go. */
+	if (bpf_skb_adjust_room(skb, DSR_OPT4_LEN, BPF_ADJ_ROOM_NET, 0) ||
+	    bpf_skb_store_bytes(skb, p->l3 + sizeof(struct iphdr), &option, DSR_OPT4_LEN, 0) ||
+	    rewrite_ip4_header(skb, p->l3, 7, DSR_OPT4_LEN, &option, DSR_OPT4_LEN))
+		return TC_ACT_SHOT;
+	return redirect_to_route(skb, p, forward);
+}
+
+/* A packet that another node sent here in direct-server-return mode, IPv4 with the option:
+ * the endpoint's reply is to leave from the Service address, so its translation is
+ * remembered (as a reply entry, which the pod's veth finds), and the option is removed
+ * before the packet goes on to the pod. Returns -1 for any other packet. */
+static __always_inline int dsr_arrival(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return -1;
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end || ip->ihl != 7 || (ip->frag_off & bpf_htons(0x3fff)))
+		return -1;
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+		return -1;
+	struct dsr_opt4 *option = (void *)(ip + 1);
+	__u16 *ports = (void *)(option + 1);
+	if ((void *)(ports + 2) > end || option->type != DSR_OPT4_TYPE || option->len != DSR_OPT4_LEN)
+		return -1;
+	struct flow reply;
+	__builtin_memset(&reply, 0, sizeof(reply));
+	v4_mapped(reply.src, ip->daddr);
+	v4_mapped(reply.dst, ip->saddr);
+	reply.sport = ports[1];
+	reply.dport = ports[0];
+	reply.proto = ip->protocol;
+	struct nat back;
+	__builtin_memset(&back, 0, sizeof(back));
+	v4_mapped(back.src, option->addr);
+	back.sport = option->port;
+	v4_mapped(back.dst, ip->saddr);
+	back.dport = ports[0];
+	if (bpf_map_update_elem(&svcplane_ct, &reply, &back, BPF_ANY))
+		return TC_ACT_SHOT;
+	__u32 l3 = sizeof(struct ethhdr);
+	if (bpf_skb_adjust_room(skb, -DSR_OPT4_LEN, BPF_ADJ_ROOM_NET, 0) ||
+	    rewrite_ip4_header(skb, l3, 5, -DSR_OPT4_LEN, NULL, 0))
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
+
 /* A new flow to a frontend: translate it and remember both directions. */
 static __always_inline int new_flow(struct __sk_buff *skb, const struct packet *p)
 {
@@ -589,6 +689,15 @@ static __always_inline int new_flow(struct __sk_buff *skb, const struct packet *
 	struct backend_value *backend = pick(p, svc);
 	if (!backend)
 		return TC_ACT_SHOT;
+	__u32 zero = 0;
+	struct tc_config *cfg = bpf_map_lookup_elem(&svcplane_tc_config, &zero);
+	if (!cfg)
+		return TC_ACT_SHOT;
+	/* Direct server return replaces the SNAT that external traffic would get (IPv4: the
+	 * option is IPv4's; IPv6 flows keep the SNAT). */
+	int dsr = (cfg->flags & TC_F_DSR) && (flags & SVC_F_MASQ) && key.scope == SCOPE_EXTERNAL && !p->v6;
+	int masq = (flags & SVC_F_MASQ) && !dsr;
+	int remote = !(backend->pad & BACKEND_F_LOCAL);
 
 	struct nat forward;
 	__builtin_memset(&forward, 0, sizeof(forward));
@@ -599,13 +708,8 @@ static __always_inline int new_flow(struct __sk_buff *skb, const struct packet *
 	forward.port_id = p->flow.proto == IPPROTO_UDP ? svc->port_id : 0;
 	forward.forward = 1;
 	forward.last_seen_s = (__u32)(bpf_ktime_get_ns() / NS_PER_SEC);
-	if (flags & SVC_F_MASQ) {
-		__u32 zero = 0;
-		struct tc_config *cfg = bpf_map_lookup_elem(&svcplane_tc_config, &zero);
-		if (!cfg)
-			return TC_ACT_SHOT;
+	if (masq)
 		__builtin_memcpy(forward.src, p->v6 ? cfg->node_v6 : cfg->node_v4, 16);
-	}
 
 	/* The reply's tuple, as it will arrive: from the endpoint to the (translated) source.
 	 * A source port already taken towards this endpoint is moved. */
@@ -624,7 +728,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, const struct packet *
 	int stored = -1;
 	for (int attempt = 0; attempt < 8 && stored; attempt++) {
 		if (attempt > 0) {
-			if (!(flags & SVC_F_MASQ))
+			if (!masq)
 				break;
 			forward.sport = bpf_htons(32768 + (bpf_get_prandom_u32() % 28232));
 		}
@@ -639,12 +743,17 @@ static __always_inline int new_flow(struct __sk_buff *skb, const struct packet *
 	if (bpf_map_update_elem(&svcplane_ct, &p->flow, &forward, BPF_ANY))
 		return TC_ACT_SHOT;
 	count_connection(svc->port_id, backend);
+	if (dsr && remote)
+		return dsr_forward(skb, p, &forward, &key);
 	return translate(skb, p, &forward);
 }
 
 SEC("classifier")
 int svcplane_tc_ingress(struct __sk_buff *skb)
 {
+	int arrived = dsr_arrival(skb);
+	if (arrived >= 0)
+		return arrived;
 	struct packet p;
 	if (!parse(skb, &p))
 		return TC_ACT_OK;

@@ -184,8 +184,17 @@ pub struct BackendValue {
 }
 
 impl BackendValue {
+    /// `pad` of an endpoint on this node, in the backends map.
+    pub const LOCAL: u16 = 1;
+
     pub fn new(address: SocketAddr) -> Self {
         Self { addr: address_bytes(address.ip()), port: port_net(address.port()), pad: 0 }
+    }
+
+    /// An endpoint, marked as running on this node or not (direct server return attaches
+    /// the Service address only to flows to other nodes).
+    pub fn with_locality(address: SocketAddr, local: bool) -> Self {
+        Self { pad: if local { Self::LOCAL } else { 0 }, ..Self::new(address) }
     }
 
     pub fn address(&self) -> SocketAddr {

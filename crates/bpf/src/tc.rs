@@ -37,7 +37,14 @@ pub struct TcConfig {
     pub node_v4: [u8; 16],
     pub node_v6: [u8; 16],
     pub maglev_size: u32,
-    pub pad: u32,
+    /// [`TcConfig::DIRECT_SERVER_RETURN`] or nothing.
+    pub flags: u32,
+}
+
+impl TcConfig {
+    /// External traffic the plan masquerades is not SNATed: a flow to another node's
+    /// endpoint carries the Service address to that node, which answers the client from it.
+    pub const DIRECT_SERVER_RETURN: u32 = 1;
 }
 
 /// A source-range entry's data (`struct range_key` after its prefix length).
@@ -75,6 +82,8 @@ pub struct TcNat {
     /// The same outer map, untyped, for batched updates.
     maglev_outer: MapData,
     maglev_size: u32,
+    /// Whether external flows use direct server return ([`TcConfig::DIRECT_SERVER_RETURN`]).
+    direct_server_return: bool,
     /// Entries of `cluster_cidrs` written so far.
     written_cidrs: Vec<IpNet>,
 }
@@ -122,8 +131,16 @@ impl TcNat {
             source_ranges,
             maglev,
             maglev_size,
+            direct_server_return: false,
             written_cidrs: Vec::new(),
         })
+    }
+
+    /// External flows to other nodes' endpoints go by direct server return instead of SNAT
+    /// (from the next [`TcNat::configure`] on).
+    pub fn with_direct_server_return(mut self, on: bool) -> Self {
+        self.direct_server_return = on;
+        self
     }
 
     /// Attaches the program to `interface`'s ingress unless a pinned link already does.
@@ -166,7 +183,8 @@ impl TcNat {
     /// The node's addresses external flows are translated to, and the cluster CIDRs whose
     /// sources are pods.
     pub fn configure(&mut self, node_ips: &[IpAddr], cluster_cidrs: &[IpNet]) -> Result<(), BpfError> {
-        let mut config = TcConfig { maglev_size: self.maglev_size, ..TcConfig::default() };
+        let flags = if self.direct_server_return { TcConfig::DIRECT_SERVER_RETURN } else { 0 };
+        let mut config = TcConfig { maglev_size: self.maglev_size, flags, ..TcConfig::default() };
         if let Some(v4) = node_ips.iter().find(|ip| ip.is_ipv4()) {
             config.node_v4 = address_bytes(*v4);
         }

@@ -32,11 +32,21 @@ struct Fixture {
 
 impl Fixture {
     fn new(frontend: SocketAddr, proto: u8, flags: u32, allowed: &[&str]) -> Self {
+        Self::build(frontend, proto, flags, allowed, false)
+    }
+
+    /// With direct server return on; the endpoint runs on another node.
+    fn with_direct_server_return(frontend: SocketAddr, proto: u8, flags: u32) -> Self {
+        Self::build(frontend, proto, flags, &[], true)
+    }
+
+    fn build(frontend: SocketAddr, proto: u8, flags: u32, allowed: &[&str], dsr: bool) -> Self {
         let root = tempfile::tempdir().expect("a temporary directory");
         let bpf_root = root.path().join("bpf");
         svcplane_bpf::sys::ensure_bpffs(&bpf_root).expect("a bpffs");
         let mut tc = TcNat::open(&bpf_root, MapSizes::default(), svcplane_bpf::maglev::DEFAULT_TABLE_SIZE)
-            .expect("loading the tc program");
+            .expect("loading the tc program")
+            .with_direct_server_return(dsr);
         tc.configure(&[IpAddr::V4(NODE)], &[CLUSTER_CIDR.parse().unwrap()]).expect("configuring");
         let (mut services, mut backends) =
             svcplane_bpf::sock_lb::open_pinned_services(&bpf_root).expect("the pinned maps");
@@ -221,4 +231,77 @@ fn a_service_without_endpoints_answers_a_syn_with_a_reset_and_a_datagram_with_po
     assert_eq!(checksum(&out[14..34], 0), 0, "the IPv4 header checksum is valid");
     assert_eq!(checksum(&out[34..], 0), 0, "the ICMP checksum is valid");
     assert_eq!(&out[42 + 16..42 + 20], &[198, 19, 0, 20], "it quotes the datagram it refuses");
+}
+
+/// The addresses and ports of an IPv4 frame whose header may carry options.
+fn addresses_with_options(f: &[u8]) -> (SocketAddr, SocketAddr) {
+    let l4 = 14 + usize::from(f[14] & 0x0f) * 4;
+    let ip = |at: usize| IpAddr::V4(Ipv4Addr::new(f[at], f[at + 1], f[at + 2], f[at + 3]));
+    let port = |at: usize| u16::from_be_bytes([f[at], f[at + 1]]);
+    (SocketAddr::new(ip(26), port(l4)), SocketAddr::new(ip(30), port(l4 + 2)))
+}
+
+#[test]
+fn direct_server_return_sends_the_first_packet_with_the_service_address_and_the_endpoints_node_answers_from_it() {
+    if !is_root() {
+        return;
+    }
+    for proto in [PROTO_TCP, PROTO_UDP] {
+        let node_port = socket(NODE, 30080);
+        // The entry node: DNAT only, the client's address kept, the Service address in an
+        // IPv4 option.
+        let mut entry = Fixture::with_direct_server_return(node_port, proto, ServiceFlags::MASQUERADE);
+        let client = socket(CLIENT, 40010);
+        let original = frame(client, node_port, proto);
+        let (verdict, out) = entry.tc.test_run(&original).expect("a test run");
+        // Sent on by its route where one exists (the test run's namespace has none): never dropped.
+        assert_ne!(verdict, TC_ACT_SHOT, "sent on (proto {proto})");
+        assert_eq!(out[14] & 0x0f, 7, "the header grew by one 8-byte option (proto {proto})");
+        assert_eq!(out.len(), original.len() + 8);
+        assert_eq!(u16::from_be_bytes([out[16], out[17]]) as usize, out.len() - 14, "total length counts the option");
+        assert_eq!(checksum(&out[14..42], 0), 0, "the IPv4 header checksum covers the option");
+        assert_eq!(&out[34..38], &[0x9e, 8, 0x75, 0x80], "option type, length and the NodePort 30080");
+        assert_eq!(&out[38..42], &NODE.octets(), "the Service address: the node's, for a NodePort");
+        assert_eq!(addresses_with_options(&out), (client, socket(POD, 8080)), "DNAT only (proto {proto})");
+        let mut stripped_view = out[..34].to_vec();
+        stripped_view.extend_from_slice(&out[42..]);
+        stripped_view[14] = 0x45;
+        assert_eq!(
+            l4_checksum(&stripped_view),
+            {
+                let at = if proto == PROTO_TCP { 34 + 16 } else { 34 + 6 };
+                u16::from_be_bytes([stripped_view[at], stripped_view[at + 1]])
+            },
+            "the L4 checksum is valid for the translated addresses (proto {proto})"
+        );
+
+        // The endpoint's node: the option is taken off and the reply is remembered.
+        let mut endpoint_node = Fixture::new(socket(Ipv4Addr::new(198, 19, 0, 99), 1), proto, 0, &[]);
+        let (verdict, arrived) = endpoint_node.tc.test_run(&out).expect("a test run");
+        assert_eq!(verdict, TC_ACT_OK, "delivered to the pod by the stack (proto {proto})");
+        assert_eq!(arrived[14], 0x45, "no option left");
+        assert_eq!(addresses(&arrived), (client, socket(POD, 8080)));
+        assert_checksums_valid(&arrived);
+        let (verdict, reply) = endpoint_node.tc.test_run(&frame(socket(POD, 8080), client, proto)).expect("a test run");
+        assert_ne!(verdict, TC_ACT_SHOT, "the reply goes on (proto {proto})");
+        assert_eq!(addresses(&reply), (node_port, client), "the reply comes from the NodePort (proto {proto})");
+        assert_checksums_valid(&reply);
+    }
+}
+
+#[test]
+fn direct_server_return_leaves_flows_to_local_endpoints_untouched_but_for_the_dnat() {
+    if !is_root() {
+        return;
+    }
+    let node_port = socket(NODE, 30081);
+    let mut fixture = Fixture::with_direct_server_return(node_port, PROTO_TCP, ServiceFlags::MASQUERADE);
+    let local = BackendValue::with_locality(SocketAddr::new(IpAddr::V4(POD), 8080), true);
+    let (_, mut backends) = svcplane_bpf::sock_lb::open_pinned_services(&fixture.root.path().join("bpf")).unwrap();
+    backends.insert(BackendKey { backend_set: 7, slot: 0 }, local, 0).expect("the endpoint, local");
+    let client = socket(CLIENT, 40011);
+    let (_, out) = fixture.tc.test_run(&frame(client, node_port, PROTO_TCP)).expect("a test run");
+    assert_eq!(out[14], 0x45, "no option for an endpoint on this node");
+    assert_eq!(addresses(&out), (client, socket(POD, 8080)), "the client's address kept");
+    assert_checksums_valid(&out);
 }

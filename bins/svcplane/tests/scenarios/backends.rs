@@ -1,7 +1,7 @@
 //! Backends the real-kernel runner is used with by more than one test crate.
 
 use super::cluster::Backend;
-use super::{Scenario, Sender, SourceSeen};
+use super::{Family, Scenario, Sender, SourceSeen};
 
 pub const NFTABLES: Backend = Backend {
     name: "nftables",
@@ -39,4 +39,25 @@ fn not_applicable(row: &Scenario) -> Option<&'static str> {
         }
         _ => None,
     }
+}
+
+/// eBPF mode with direct server return for external traffic (`--ebpf-external-mode dsr`).
+pub const EBPF_DSR: Backend = Backend {
+    name: "ebpf-dsr",
+    proxy_args: &["--mode", "ebpf", "--ebpf-external-mode", "dsr"],
+    diagnostics: &[&["bpftool", "cgroup", "tree"]],
+    ruleset: &["true"],
+    not_applicable: not_applicable_with_dsr,
+    node_cgroups: true,
+};
+
+fn not_applicable_with_dsr(row: &Scenario) -> Option<&'static str> {
+    let from_outside = matches!(
+        row.from,
+        Sender::ExternalClient | Sender::ExternalClientInsideRange | Sender::ExternalClientOutsideRange
+    );
+    if from_outside && row.family == Family::V4 && row.source == SourceSeen::NodeAddress {
+        return Some("direct server return keeps the external client's address (the DSR test checks it)");
+    }
+    not_applicable(row)
 }
