@@ -409,8 +409,8 @@ pub struct EbpfArgs {
     #[arg(long, value_name = "N", default_value_t = 262_144)]
     pub bpf_map_sockets: u32,
     /// How external traffic to another node's endpoint returns: `snat` (through this
-    /// node) or `dsr` (direct server return, IPv4: the endpoint's node answers the client
-    /// from the Service address, and the endpoint sees the client's address).
+    /// node) or `dsr` (direct server return: the endpoint's node answers the client from
+    /// the Service address, and the endpoint sees the client's address).
     #[arg(long, value_enum, default_value = "snat")]
     pub ebpf_external_mode: EbpfExternalMode,
 }

@@ -172,19 +172,21 @@ fn with_direct_server_return_external_traffic_keeps_the_client_address_and_every
     {
         check_rows(&cluster, rows);
     }
-    // External client -> NodePort and load-balancer IP under Cluster policy, IPv4: endpoints
+    // External client -> NodePort and load-balancer IP under Cluster policy, both families: endpoints
     // on both nodes answer, each sees the client's own address, and the client's sockets
     // (connected: they accept only the address they sent to) got every reply.
     let lab = cluster.lab();
     let echo = cluster.service(ECHO_SERVICE).expect("the echo Service");
     let lb = cluster.service(LB_SERVICE).expect("the load-balancer Service");
     let client = lab.client(1);
-    let client_ip = scenarios::manifests::client_ip(1, Family::V4);
-    let node_ip = std::net::IpAddr::V4(lab.node(THIS_NODE).ip_v4());
-    for protocol in [Protocol::Tcp, Protocol::Udp] {
+    for (family, protocol) in
+        [Family::V4, Family::V6].into_iter().flat_map(|f| [(f, Protocol::Tcp), (f, Protocol::Udp)])
+    {
+        let client_ip = scenarios::manifests::client_ip(1, family);
+        let node_ip = scenarios::manifests::node_ip(THIS_NODE, family);
         let targets = [
             std::net::SocketAddr::new(node_ip, echo.node_port(protocol).expect("a node port")),
-            std::net::SocketAddr::new(lb.load_balancer_ips(Family::V4, false)[0], SERVICE_PORT),
+            std::net::SocketAddr::new(lb.load_balancer_ips(family, false)[0], SERVICE_PORT),
         ];
         for target in targets {
             let mut answered = std::collections::BTreeSet::new();

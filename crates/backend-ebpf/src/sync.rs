@@ -52,10 +52,10 @@ pub enum ExternalMode {
     /// SNAT to this node; the reply returns through it (what the plan spells out).
     #[default]
     Snat,
-    /// Direct server return (IPv4): no SNAT, the Service address travels with the flow's
-    /// first packet and the endpoint's node answers the client from it. The reply still
-    /// comes from the address the client used, which is what the plan's masquerade is for;
-    /// the endpoint also sees the client's own address. IPv6 flows keep the SNAT.
+    /// Direct server return: no SNAT, the Service address travels with the flow's first
+    /// packet and the endpoint's node answers the client from it. The reply still comes
+    /// from the address the client used, which is what the plan's masquerade is for; the
+    /// endpoint also sees the client's own address.
     Dsr,
 }
 

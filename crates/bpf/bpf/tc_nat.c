@@ -35,8 +35,9 @@ struct tc_config {
 };
 
 /* Direct server return for external traffic the plan masquerades: no SNAT; a flow to
- * another node's endpoint carries the Service address (an IPv4 option on its first
- * packet) so that node answers the client from it directly. */
+ * another node's endpoint carries the Service address (an IPv4 option, an IPv6
+ * destination-options header, on its first packet) so that node answers the client from
+ * it directly. */
 #define TC_F_DSR 1
 
 /* The IPv4 option carrying the Service address and port to the endpoint's node. Its type
@@ -49,6 +50,24 @@ struct dsr_opt4 {
 	__u8 len;
 	__be16 port;
 	__be32 addr;
+};
+
+/* IPv6: a destination-options header holding one option (an RFC 4727 experimental type
+ * whose two high bits say "skip if unknown") with the Service address and port, padded to
+ * 24 bytes with a PadN option. */
+#define DSR_OPT6_TYPE 0x1e
+#define DSR_EXT6_LEN 24
+#define IPPROTO_DSTOPTS_NUMBER 60
+
+struct dsr_ext6 {
+	__u8 next_header;
+	__u8 length; /* in 8-byte units beyond the first 8 */
+	__u8 type;
+	__u8 option_len;
+	__u8 addr[16];
+	__be16 port;
+	__u8 padn_type; /* 1: PadN */
+	__u8 padn_len;  /* 0 */
 };
 
 /* Maglev: per endpoint set of an externally reachable frontend, a table of prime size
@@ -602,14 +621,36 @@ static __always_inline int rewrite_ip4_header(struct __sk_buff *skb, __u32 l3, _
 }
 
 /* A new external flow to another node's endpoint, in direct-server-return mode: DNAT only
- * (the client's address stays), the Service address and port in an IPv4 option, out by the
- * route to the endpoint. Later packets of the flow go without the option: the endpoint's
+ * (the client's address stays), the Service address and port in an IPv4 option or an IPv6
+ * destination-options header, out by the route to the endpoint. Later packets of the flow go without the option: the endpoint's
  * node keeps what it learned from the first. */
 static __always_inline int dsr_forward(struct __sk_buff *skb, const struct packet *p, const struct nat *forward,
 				       const struct svc_key *frontend)
 {
 	if (rewrite(skb, p, 1, p->flow.dst, forward->dst, p->flow.dport, forward->dport))
 		return TC_ACT_SHOT;
+	if (p->v6) {
+		struct dsr_ext6 ext = {
+			.next_header = p->flow.proto,
+			.length = DSR_EXT6_LEN / 8 - 1,
+			.type = DSR_OPT6_TYPE,
+			.option_len = 18,
+			.port = frontend->port,
+			.padn_type = 1,
+		};
+		__builtin_memcpy(ext.addr, frontend->addr, 16);
+		struct ipv6hdr ip6;
+		/* Room right after the fixed 40-byte header, where extension headers go. */
+		if (bpf_skb_load_bytes(skb, p->l3, &ip6, sizeof(ip6)) ||
+		    bpf_skb_adjust_room(skb, DSR_EXT6_LEN, BPF_ADJ_ROOM_NET, 0) ||
+		    bpf_skb_store_bytes(skb, p->l3 + sizeof(ip6), &ext, DSR_EXT6_LEN, 0))
+			return TC_ACT_SHOT;
+		ip6.nexthdr = IPPROTO_DSTOPTS_NUMBER;
+		ip6.payload_len = bpf_htons((__u16)(bpf_ntohs(ip6.payload_len) + DSR_EXT6_LEN));
+		if (bpf_skb_store_bytes(skb, p->l3, &ip6, sizeof(ip6), 0))
+			return TC_ACT_SHOT;
+		return redirect_to_route(skb, p, forward);
+	}
 	struct dsr_opt4 option = {
 		.type = DSR_OPT4_TYPE,
 		.len = DSR_OPT4_LEN,
@@ -628,12 +669,57 @@ static __always_inline int dsr_forward(struct __sk_buff *skb, const struct packe
  * the endpoint's reply is to leave from the Service address, so its translation is
  * remembered (as a reply entry, which the pod's veth finds), and the option is removed
  * before the packet goes on to the pod. Returns -1 for any other packet. */
+static __always_inline int dsr_arrival6(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	if ((void *)(ip6 + 1) > end || ip6->nexthdr != IPPROTO_DSTOPTS_NUMBER)
+		return -1;
+	struct dsr_ext6 *ext = (void *)(ip6 + 1);
+	__u16 *ports = (void *)(ext + 1);
+	if ((void *)(ports + 2) > end || ext->type != DSR_OPT6_TYPE || ext->option_len != 18 ||
+	    ext->length != DSR_EXT6_LEN / 8 - 1)
+		return -1;
+	__u8 proto = ext->next_header;
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return -1;
+	struct flow reply;
+	__builtin_memset(&reply, 0, sizeof(reply));
+	__builtin_memcpy(reply.src, &ip6->daddr, 16);
+	__builtin_memcpy(reply.dst, &ip6->saddr, 16);
+	reply.sport = ports[1];
+	reply.dport = ports[0];
+	reply.proto = proto;
+	struct nat back;
+	__builtin_memset(&back, 0, sizeof(back));
+	__builtin_memcpy(back.src, ext->addr, 16);
+	back.sport = ext->port;
+	__builtin_memcpy(back.dst, &ip6->saddr, 16);
+	back.dport = ports[0];
+	if (bpf_map_update_elem(&svcplane_ct, &reply, &back, BPF_ANY))
+		return TC_ACT_SHOT;
+	struct ipv6hdr header = *ip6;
+	header.nexthdr = proto;
+	header.payload_len = bpf_htons((__u16)(bpf_ntohs(header.payload_len) - DSR_EXT6_LEN));
+	__u32 l3 = sizeof(struct ethhdr);
+	if (bpf_skb_adjust_room(skb, -DSR_EXT6_LEN, BPF_ADJ_ROOM_NET, 0) ||
+	    bpf_skb_store_bytes(skb, l3, &header, sizeof(header), 0))
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
+
 static __always_inline int dsr_arrival(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if ((void *)(eth + 1) > end)
+		return -1;
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return dsr_arrival6(skb);
+	if (eth->h_proto != bpf_htons(ETH_P_IP))
 		return -1;
 	struct iphdr *ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > end || ip->ihl != 7 || (ip->frag_off & bpf_htons(0x3fff)))
@@ -693,9 +779,8 @@ static __always_inline int new_flow(struct __sk_buff *skb, const struct packet *
 	struct tc_config *cfg = bpf_map_lookup_elem(&svcplane_tc_config, &zero);
 	if (!cfg)
 		return TC_ACT_SHOT;
-	/* Direct server return replaces the SNAT that external traffic would get (IPv4: the
-	 * option is IPv4's; IPv6 flows keep the SNAT). */
-	int dsr = (cfg->flags & TC_F_DSR) && (flags & SVC_F_MASQ) && key.scope == SCOPE_EXTERNAL && !p->v6;
+	/* Direct server return replaces the SNAT that external traffic would get. */
+	int dsr = (cfg->flags & TC_F_DSR) && (flags & SVC_F_MASQ) && key.scope == SCOPE_EXTERNAL;
 	int masq = (flags & SVC_F_MASQ) && !dsr;
 	int remote = !(backend->pad & BACKEND_F_LOCAL);
 

@@ -1,7 +1,7 @@
 //! Backends the real-kernel runner is used with by more than one test crate.
 
 use super::cluster::Backend;
-use super::{Family, Scenario, Sender, SourceSeen};
+use super::{Scenario, Sender, SourceSeen};
 
 pub const NFTABLES: Backend = Backend {
     name: "nftables",
@@ -56,7 +56,7 @@ fn not_applicable_with_dsr(row: &Scenario) -> Option<&'static str> {
         row.from,
         Sender::ExternalClient | Sender::ExternalClientInsideRange | Sender::ExternalClientOutsideRange
     );
-    if from_outside && row.family == Family::V4 && row.source == SourceSeen::NodeAddress {
+    if from_outside && row.source == SourceSeen::NodeAddress {
         return Some("direct server return keeps the external client's address (the DSR test checks it)");
     }
     not_applicable(row)
