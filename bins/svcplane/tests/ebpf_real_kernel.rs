@@ -219,3 +219,88 @@ fn with_direct_server_return_external_traffic_keeps_the_client_address_and_every
     }
     cluster.teardown();
 }
+
+/// node `node`'s gauge for one eBPF map, as /metrics shows it.
+fn map_gauge(cluster: &Cluster, node: u16, gauge: &str, map: &str) -> Option<f64> {
+    cluster.proxy_metric(node, &format!("{gauge}{{mode=\"ebpf\",table=\"{map}\"}}"))
+}
+
+/// Eight TCP ports, NodePort, dual-stack: a few hundred frontend entries.
+const MANY_PORTS_SERVICE: &str = "apiVersion: v1
+kind: Service
+metadata:
+  name: many-ports
+  namespace: default
+spec:
+  type: NodePort
+  ipFamilyPolicy: PreferDualStack
+  ipFamilies: [IPv4, IPv6]
+  selector:
+    app: echo
+  ports:
+    - {name: p1, port: 1001, targetPort: 8080}
+    - {name: p2, port: 1002, targetPort: 8080}
+    - {name: p3, port: 1003, targetPort: 8080}
+    - {name: p4, port: 1004, targetPort: 8080}
+    - {name: p5, port: 1005, targetPort: 8080}
+    - {name: p6, port: 1006, targetPort: 8080}
+    - {name: p7, port: 1007, targetPort: 8080}
+    - {name: p8, port: 1008, targetPort: 8080}
+";
+
+#[test]
+fn a_service_that_does_not_fit_the_maps_is_refused_whole_shown_in_metrics_and_the_rest_keeps_working() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_service_that_does_not_fit_the_maps_is_refused_whole_shown_in_metrics_and_the_rest_keeps_working",
+    ) {
+        return;
+    }
+    const SERVICES: &str = "svcplane_services";
+    // How many frontend entries the fixture takes on the busier node, from a first cluster.
+    let sizing = Cluster::start(EBPF);
+    let needed = [THIS_NODE, scenarios::cluster::OTHER_NODE]
+        .iter()
+        .map(|node| map_gauge(&sizing, *node, "svcplane_dataplane_table_entries", SERVICES).expect("the gauge") as u64)
+        .max()
+        .expect("two nodes");
+    sizing.teardown();
+    assert!(needed > 100, "the fixture takes {needed} entries");
+    // Room for the fixture and 20 more, not for the eight-port Service.
+    let capacity = needed + 20;
+    let cluster = Cluster::builder(EBPF).proxy_args(&["--bpf-map-services".to_owned(), capacity.to_string()]).start();
+    assert_eq!(map_gauge(&cluster, THIS_NODE, "svcplane_dataplane_table_capacity", SERVICES), Some(capacity as f64));
+    assert_eq!(map_gauge(&cluster, THIS_NODE, "svcplane_dataplane_table_full", SERVICES), Some(0.0));
+    let before = map_gauge(&cluster, THIS_NODE, "svcplane_dataplane_table_entries", SERVICES).expect("the gauge");
+
+    cluster.write_file("service-many-ports.yaml", MANY_PORTS_SERVICE);
+    let full = eventually(Duration::from_secs(10), || {
+        (map_gauge(&cluster, THIS_NODE, "svcplane_dataplane_table_full", SERVICES) == Some(1.0)).then_some(())
+    });
+    assert!(full.is_some(), "the services map is reported full\n{}", cluster.diagnostics());
+    let log = cluster.proxy_log(THIS_NODE);
+    assert!(
+        log.contains("BPF map svcplane_services is full") && log.contains(&format!("{capacity} entries")),
+        "the failed sync names the map and its size\n{log}"
+    );
+    assert_eq!(
+        map_gauge(&cluster, THIS_NODE, "svcplane_dataplane_table_entries", SERVICES),
+        Some(before),
+        "nothing of the Service that does not fit was written"
+    );
+    // Everything else still works: pods reach the echo Service.
+    let lab = cluster.lab();
+    let echo = cluster.service(ECHO_SERVICE).and_then(|s| s.cluster_ip_address(false)).expect("a ClusterIP");
+    let pod = lab.pod(POD_ON_THIS_NODE).namespace_name().to_owned();
+    for _ in 0..10 {
+        lab.tcp_request(&pod, echo, Duration::from_secs(2))
+            .unwrap_or_else(|error| panic!("the echo Service while the maps are full: {error}"));
+    }
+
+    // Removing the Service that did not fit clears the condition.
+    std::fs::remove_file(cluster.manifests_dir().join("service-many-ports.yaml")).expect("removing the manifest");
+    let cleared = eventually(Duration::from_secs(10), || {
+        (map_gauge(&cluster, THIS_NODE, "svcplane_dataplane_table_full", SERVICES) == Some(0.0)).then_some(())
+    });
+    assert!(cleared.is_some(), "the condition clears once a sync succeeds\n{}", cluster.diagnostics());
+    cluster.teardown();
+}

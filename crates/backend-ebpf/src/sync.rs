@@ -20,7 +20,7 @@ use svcplane_bpf::{
     BackendKey, BackendValue, BpfError, LiveKey, MapSizes, ServiceFlags, ServiceKey, ServiceValue, SockLb,
     SockLbOptions,
 };
-use svcplane_core::{Dataplane, DataplaneError, EndpointSetKind, NodePlan, PlanDiff, PlanKey, SyncReport};
+use svcplane_core::{Dataplane, DataplaneError, EndpointSetKind, NodePlan, PlanDiff, PlanKey, SyncReport, TableUsage};
 
 use crate::render::{Decision, NodeAddresses, PortEntries, render_port, render_text};
 
@@ -87,6 +87,45 @@ impl Written {
     fn live_keys(&self) -> impl Iterator<Item = LiveKey> + '_ {
         self.entries.serving.iter().map(|endpoint| LiveKey::new(self.port_id, *endpoint))
     }
+
+    fn usage(&self) -> MapUsage {
+        MapUsage::of(&self.entries)
+    }
+}
+
+/// Entries in use per fixed-size map, kept as the record changes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct MapUsage {
+    services: usize,
+    backends: usize,
+    live: usize,
+    names: usize,
+}
+
+impl MapUsage {
+    /// Entries one service port takes in each fixed-size map.
+    fn of(entries: &PortEntries) -> MapUsage {
+        MapUsage {
+            services: entries.frontends.len(),
+            backends: entries.sets.values().map(Vec::len).sum(),
+            live: entries.serving.len(),
+            names: 1,
+        }
+    }
+
+    fn add(&mut self, other: MapUsage) {
+        self.services += other.services;
+        self.backends += other.backends;
+        self.live += other.live;
+        self.names += other.names;
+    }
+
+    fn remove(&mut self, other: MapUsage) {
+        self.services = self.services.saturating_sub(other.services);
+        self.backends = self.backends.saturating_sub(other.backends);
+        self.live = self.live.saturating_sub(other.live);
+        self.names = self.names.saturating_sub(other.names);
+    }
 }
 
 /// svcplane's eBPF mode.
@@ -99,6 +138,10 @@ pub struct EbpfBackend {
     /// The interfaces it is attached to.
     tc_interfaces: Vec<String>,
     record: BTreeMap<PlanKey, Written>,
+    /// What `record` takes in each map.
+    usage: MapUsage,
+    /// The map the last sync found full, until a sync succeeds.
+    full_map: Option<&'static str>,
     next_set: u32,
     full_pending: bool,
     node: NodeAddresses,
@@ -115,6 +158,8 @@ impl EbpfBackend {
             tc: None,
             tc_interfaces: Vec::new(),
             record: BTreeMap::new(),
+            usage: MapUsage::default(),
+            full_map: None,
             next_set: 1,
             full_pending: true,
             node: NodeAddresses::default(),
@@ -184,6 +229,14 @@ impl EbpfBackend {
             bulk.add(&written);
             record.insert(key.clone(), written);
         }
+        // Refused before anything is written if it cannot fit. Endpoint slots get fresh set
+        // ids, so the old ones stay until the new are in: both must fit at once.
+        let mut wanted = MapUsage::default();
+        for written in record.values() {
+            wanted.add(written.usage());
+        }
+        self.check_room(MapUsage { backends: wanted.backends + old_backends.len(), ..wanted })?;
+        let lb = self.lb.as_mut().expect("opened");
         let mut operations = bulk.write(lb)?;
         let (name_ids, name_values): (Vec<u32>, Vec<PortName>) =
             record.iter().map(|(key, written)| (written.port_id, port_name(key))).unzip();
@@ -241,19 +294,52 @@ impl EbpfBackend {
             remove_backend(lb, key)?;
             operations += 1;
         }
+        self.usage = wanted;
         self.record = record;
         self.full_pending = false;
         Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations })
     }
 
+    /// Fails, before anything is written, if `wanted` does not fit the maps.
+    fn check_room(&self, wanted: MapUsage) -> Result<(), BpfError> {
+        use svcplane_bpf::maps::{BACKENDS_MAP, LIVE_MAP, PORT_NAMES_MAP, SERVICES_MAP};
+        let sizes = self.options.sizes;
+        for (map, entries, capacity) in [
+            (SERVICES_MAP, wanted.services, sizes.services),
+            (BACKENDS_MAP, wanted.backends, sizes.backends),
+            (LIVE_MAP, wanted.live, sizes.backends),
+            (PORT_NAMES_MAP, wanted.names, sizes.services),
+        ] {
+            if entries > capacity as usize {
+                return Err(BpfError::MapFull { map, capacity });
+            }
+        }
+        Ok(())
+    }
+
     fn partial_sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<SyncReport, BpfError> {
+        // Every changed port rendered first: a change that would not fit is refused whole.
+        let rendered: Vec<(&PlanKey, Option<PortEntries>)> = diff
+            .keys()
+            .map(|key| (key, plan.service_ports.get(key).map(|port| render_port(plan, port, &self.node))))
+            .collect();
+        let mut wanted = self.usage;
+        for (key, entries) in &rendered {
+            if let Some(old) = self.record.get(*key) {
+                wanted.remove(old.usage());
+            }
+            if let Some(entries) = entries {
+                wanted.add(MapUsage::of(entries));
+            }
+        }
+        self.check_room(wanted)?;
         let lb = self.lb.as_mut().expect("opened");
         let mut operations = 0;
         let mut ports = 0;
-        for key in diff.keys() {
+        for (key, entries) in rendered {
             ports += 1;
             let old = self.record.get(key).cloned();
-            let Some(port) = plan.service_ports.get(key) else {
+            let Some(entries) = entries else {
                 if let Some(old) = old {
                     operations += remove_written(lb, &old, None)?;
                     let _ = lb.names.remove(&old.port_id);
@@ -264,11 +350,11 @@ impl EbpfBackend {
                     let tc = self.tc.as_mut().expect("opened with lb");
                     operations += update_ranges(tc, Some(&old.entries), None)?;
                     operations += update_maglev(tc, Some(&old), None)?;
+                    self.usage.remove(old.usage());
                     self.record.remove(key);
                 }
                 continue;
             };
-            let entries = render_port(plan, port, &self.node);
             let mut set_ids = BTreeMap::new();
             for kind in entries.sets.keys() {
                 let id = match old.as_ref().and_then(|o| o.set_ids.get(kind)) {
@@ -313,6 +399,10 @@ impl EbpfBackend {
             let tc = self.tc.as_mut().expect("opened with lb");
             operations += update_ranges(tc, old.as_ref().map(|o| &o.entries), Some(&written.entries))?;
             operations += update_maglev(tc, old.as_ref(), Some(&written))?;
+            if let Some(old) = &old {
+                self.usage.remove(old.usage());
+            }
+            self.usage.add(written.usage());
             self.record.insert(key.clone(), written);
         }
         Ok(SyncReport { full: false, service_ports: ports, operations })
@@ -578,11 +668,34 @@ impl Dataplane for EbpfBackend {
     fn sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<SyncReport, DataplaneError> {
         self.open()?;
         let result = if self.full_pending { self.full_sync(plan) } else { self.partial_sync(plan, diff) };
+        self.full_map = match &result {
+            Err(BpfError::MapFull { map, .. }) => Some(map),
+            _ => None,
+        };
         if result.is_err() {
             // The record may no longer say what the maps hold.
             self.full_pending = true;
         }
         Ok(result?)
+    }
+
+    fn table_usage(&self) -> Vec<TableUsage> {
+        use svcplane_bpf::maps::{BACKENDS_MAP, LIVE_MAP, PORT_NAMES_MAP, SERVICES_MAP};
+        let sizes = self.options.sizes;
+        [
+            (SERVICES_MAP, self.usage.services, sizes.services),
+            (BACKENDS_MAP, self.usage.backends, sizes.backends),
+            (LIVE_MAP, self.usage.live, sizes.backends),
+            (PORT_NAMES_MAP, self.usage.names, sizes.services),
+        ]
+        .into_iter()
+        .map(|(table, entries, capacity)| TableUsage {
+            table,
+            entries,
+            capacity: capacity as usize,
+            full: self.full_map == Some(table),
+        })
+        .collect()
     }
 
     fn counters(&mut self) -> Result<Vec<svcplane_core::counters::EndpointCounter>, DataplaneError> {
@@ -665,6 +778,7 @@ impl Dataplane for EbpfBackend {
         self.lb = None;
         self.tc = None;
         self.record.clear();
+        self.usage = MapUsage::default();
         self.full_pending = true;
         Ok(svcplane_bpf::cleanup(&self.options.bpf_root)?)
     }

@@ -26,6 +26,17 @@ pub struct RuleCount {
     pub rules: usize,
 }
 
+/// How full one of a mode's fixed-size kernel tables is (eBPF maps): the entries what it
+/// wrote uses against the table's capacity, and whether the last sync failed for want of
+/// room in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableUsage {
+    pub table: &'static str,
+    pub entries: usize,
+    pub capacity: usize,
+    pub full: bool,
+}
+
 /// One mode of programming the node.
 ///
 /// Contract: a sync either brings the kernel in line with the plan or fails leaving the
@@ -56,6 +67,12 @@ pub trait Dataplane: Send + std::fmt::Debug {
     /// are rules in tables (iptables: kube-proxy's `kubeproxy_sync_proxy_rules_iptables_total`).
     /// Read from the mode's own record of what it wrote, never from the kernel.
     fn rule_counts(&self) -> Vec<RuleCount> {
+        Vec::new()
+    }
+
+    /// The mode's fixed-size tables and how full they are, after each sync (success or
+    /// failure). Modes whose tables grow as needed have none.
+    fn table_usage(&self) -> Vec<TableUsage> {
         Vec::new()
     }
 

@@ -16,7 +16,7 @@ pub mod plan;
 pub mod selection;
 pub mod state;
 
-pub use dataplane::{Dataplane, DataplaneError, RuleCount, SyncReport};
+pub use dataplane::{Dataplane, DataplaneError, RuleCount, SyncReport, TableUsage};
 pub use model::*;
 pub use plan::{
     Destination, EndpointSetKind, Frontend, FrontendKind, HealthCheck, NodeConfig, NodePlan, NodePortAddresses,

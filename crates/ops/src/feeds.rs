@@ -172,7 +172,23 @@ impl AfterSync for OpsFeed {
     fn drifted(&mut self, _found: &str) {
         self.metrics.add(DRIFT_REPAIRS_TOTAL, &[self.mode], 1.0);
     }
+
+    fn table_usage(&mut self, usage: &[svcplane_core::TableUsage]) {
+        for table in usage {
+            let labels = [self.mode, table.table];
+            self.metrics.set(TABLE_ENTRIES, &labels, table.entries as f64);
+            self.metrics.set(TABLE_CAPACITY, &labels, table.capacity as f64);
+            self.metrics.set(TABLE_FULL, &labels, if table.full { 1.0 } else { 0.0 });
+        }
+    }
 }
+
+/// svcplane's own: entries in use in a mode's fixed-size kernel tables (eBPF maps).
+pub const TABLE_ENTRIES: &str = "svcplane_dataplane_table_entries";
+/// svcplane's own: the capacity of those tables (`--bpf-map-*`).
+pub const TABLE_CAPACITY: &str = "svcplane_dataplane_table_capacity";
+/// svcplane's own: 1 while syncs fail because the table is full.
+pub const TABLE_FULL: &str = "svcplane_dataplane_table_full";
 
 /// svcplane's own: kernel state found changed behind svcplane's back, each repaired by a full sync.
 pub const DRIFT_REPAIRS_TOTAL: &str = "svcplane_drift_repairs_total";

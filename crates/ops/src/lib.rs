@@ -16,7 +16,7 @@ pub mod status;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub use feeds::{DRIFT_REPAIRS_TOTAL, OpsFeed, SYNC_FAILURES_TOTAL};
+pub use feeds::{DRIFT_REPAIRS_TOTAL, OpsFeed, SYNC_FAILURES_TOTAL, TABLE_CAPACITY, TABLE_ENTRIES, TABLE_FULL};
 pub use proxy_health::{ProxyHealth, healthz_routes};
 use svcplane_metrics::{Desc, Kind, Registry, kube_proxy_descs};
 
@@ -39,6 +39,16 @@ pub fn proxy_registry() -> Registry {
         labels: &["mode"],
         buckets: vec![],
     });
+    for (name, help) in [
+        (TABLE_ENTRIES, "Entries in use in a fixed-size kernel table of the mode (eBPF maps), by mode and table"),
+        (
+            TABLE_CAPACITY,
+            "Capacity of a fixed-size kernel table of the mode (eBPF maps: --bpf-map-*), by mode and table",
+        ),
+        (TABLE_FULL, "1 while syncs fail because this table is full (raise its size), else 0"),
+    ] {
+        descs.push(Desc { name, kind: Kind::Gauge, help, labels: &["mode", "table"], buckets: vec![] });
+    }
     Registry::with(descs)
 }
 

@@ -43,6 +43,10 @@ pub trait AfterSync: Send + std::fmt::Debug {
     /// a full resync follows.
     fn drifted(&mut self, _found: &str) {}
 
+    /// After each sync, successful or not, for modes with fixed-size tables: how full
+    /// each is (a full one is why a sync failed).
+    fn table_usage(&mut self, _usage: &[svcplane_core::TableUsage]) {}
+
     /// Called on every turn of the loop, synced or not (a few times a second), with the
     /// plan in force; for hooks that publish the plan only when someone looks.
     fn tick(&mut self, _plan: &NodePlan, _state: &ClusterState) {}

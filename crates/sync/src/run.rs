@@ -162,7 +162,14 @@ impl SyncLoop {
     fn sync(&mut self, now: Instant) -> Turn {
         let diff = std::mem::take(&mut self.pending).without_round_trips(&self.plan);
         let started = Instant::now();
-        match self.dataplane.sync(&self.plan, &diff) {
+        let result = self.dataplane.sync(&self.plan, &diff);
+        let usage = self.dataplane.table_usage();
+        if !usage.is_empty() {
+            for hook in &mut self.hooks {
+                hook.table_usage(&usage);
+            }
+        }
+        match result {
             Ok(report) => {
                 self.has_synced = true;
                 self.force = false;

@@ -110,6 +110,7 @@ pub struct ClusterBuilder {
     line_servers: Vec<(Protocol, u16, &'static [&'static str])>,
     programmed_within: Duration,
     nft_faults: bool,
+    extra_proxy_args: Vec<String>,
 }
 
 impl ClusterBuilder {
@@ -138,6 +139,12 @@ impl ClusterBuilder {
         self
     }
 
+    /// More arguments for every proxy, after the backend's.
+    pub fn proxy_args(mut self, args: &[String]) -> Self {
+        self.extra_proxy_args.extend_from_slice(args);
+        self
+    }
+
     /// Proxies take injected nftables faults from a file per node ([`Cluster::queue_nft_faults`]).
     pub fn nft_faults(mut self) -> Self {
         self.nft_faults = true;
@@ -161,6 +168,7 @@ impl ClusterBuilder {
             backend: self.backend,
             node_port_addresses: self.node_port_addresses,
             nft_faults: self.nft_faults,
+            extra_proxy_args: self.extra_proxy_args,
             services: manifests::SERVICES.to_vec(),
             proxies: Vec::new(),
             line_servers: Vec::new(),
@@ -257,6 +265,7 @@ pub struct Cluster {
     proxies: Vec<Proxy>,
     line_servers: Vec<LineServers>,
     nft_faults: bool,
+    extra_proxy_args: Vec<String>,
     /// Always `Some` until [`Cluster::teardown`] takes it.
     lab: Option<Lab>,
     manifests: PathBuf,
@@ -272,6 +281,7 @@ impl Cluster {
             line_servers: Vec::new(),
             programmed_within: PROGRAMMED_WITHIN,
             nft_faults: false,
+            extra_proxy_args: Vec::new(),
         }
     }
 
@@ -437,6 +447,7 @@ impl Cluster {
         .to_vec();
         args.extend(node_port_address_args(self.node_port_addresses, node));
         args.extend(self.backend.proxy_args.iter().map(|arg| (*arg).to_owned()));
+        args.extend(self.extra_proxy_args.iter().cloned());
         if self.nft_faults {
             args.extend([
                 "--inject-nft-faults-from".to_owned(),
