@@ -304,3 +304,59 @@ fn a_service_that_does_not_fit_the_maps_is_refused_whole_shown_in_metrics_and_th
     assert!(cleared.is_some(), "the condition clears once a sync succeeds\n{}", cluster.diagnostics());
     cluster.teardown();
 }
+
+#[test]
+fn the_nodes_own_connected_udp_socket_to_an_endpoint_that_went_away_is_closed_and_a_new_one_reaches_a_live_endpoint() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "the_nodes_own_connected_udp_socket_to_an_endpoint_that_went_away_is_closed_and_a_new_one_reaches_a_live_endpoint",
+    ) {
+        return;
+    }
+    let cluster = Cluster::start(EBPF);
+    let service = cluster.service(UDP_MOVING_SERVICE).expect("the moving Service");
+    let target = service.cluster_ip_address(false).expect("an IPv4 ClusterIP");
+    let node = cluster.lab().node(THIS_NODE).namespace_name().to_owned();
+    let connect = || {
+        cluster
+            .lab()
+            .run_in(&node, || {
+                let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("a UDP socket");
+                socket.connect(target).expect("connect");
+                socket.set_read_timeout(Some(Duration::from_millis(300))).expect("a timeout");
+                socket
+            })
+            .expect("the node's namespace")
+    };
+    let ask = |socket: &std::net::UdpSocket| -> Result<String, std::io::Error> {
+        socket.send(b"svcplane-probe\n")?;
+        let mut reply = [0u8; 512];
+        let n = socket.recv(&mut reply)?;
+        Ok(String::from_utf8_lossy(&reply[..n]).split_whitespace().next().unwrap_or_default().to_owned())
+    };
+    // The node's socket is balanced at connect(): it talks to the endpoint itself.
+    let socket = connect();
+    let first = eventually(Duration::from_secs(5), || ask(&socket).ok()).expect("an answer before the change").0;
+    assert_eq!(first, "node1-pod1", "the Service's only endpoint answers first");
+    let mutation = scenarios::manifests::mutation(UDP_MOVING_SERVICE).expect("the change");
+    let (file, text) = mutation.change();
+    cluster.write_file(&file, &text);
+    // Within 2.5 s the socket is closed under the application (as Cilium closes such
+    // sockets): it is no longer connected, so a send fails with EDESTADDRREQ and a receive
+    // with ECONNABORTED, and the application opens a new one.
+    let closed = eventually(Duration::from_millis(2500), || match ask(&socket) {
+        Err(error) if matches!(error.raw_os_error(), Some(libc_errno) if libc_errno == 89 || libc_errno == 103) => {
+            Some(())
+        }
+        _ => None,
+    });
+    assert!(
+        closed.is_some(),
+        "the socket connected to {first} was not closed 2.5 s after it stopped serving\n{}",
+        cluster.proxy_log(THIS_NODE)
+    );
+    let fresh = connect();
+    let now = eventually(Duration::from_secs(2), || ask(&fresh).ok()).expect("an answer on a new socket").0;
+    assert_eq!(now, "node2-pod1", "a new socket is balanced to the live endpoint");
+    assert!(cluster.proxy_log(THIS_NODE).contains("closed the node's UDP sockets"), "the proxy logged the closing");
+    cluster.teardown();
+}

@@ -336,6 +336,8 @@ impl EbpfBackend {
         let lb = self.lb.as_mut().expect("opened");
         let mut operations = 0;
         let mut ports = 0;
+        // (frontend, endpoint) pairs of UDP ports whose endpoint stopped serving.
+        let mut stopped_serving: BTreeSet<(SocketAddr, SocketAddr)> = BTreeSet::new();
         for (key, entries) in rendered {
             ports += 1;
             let old = self.record.get(key).cloned();
@@ -394,6 +396,11 @@ impl EbpfBackend {
             }
             for live in old_live.difference(&new_live) {
                 remove_live(lb, live)?;
+                for frontend in
+                    written.entries.frontends.keys().chain(old.iter().flat_map(|o| o.entries.frontends.keys()))
+                {
+                    stopped_serving.insert((frontend.address(), live.address()));
+                }
                 operations += 1;
             }
             let tc = self.tc.as_mut().expect("opened with lb");
@@ -405,7 +412,35 @@ impl EbpfBackend {
             self.usage.add(written.usage());
             self.record.insert(key.clone(), written);
         }
+        if !stopped_serving.is_empty() {
+            self.close_sockets_to_gone_endpoints(stopped_serving);
+        }
         Ok(SyncReport { full: false, service_ports: ports, operations })
+    }
+
+    /// The node's own connected UDP sockets the balancer pointed, for a Service address,
+    /// at an endpoint that no longer serves that Service's port are closed, so their
+    /// applications reconnect to a live one (pods' sockets need not be: tc moves their
+    /// flows). The rules are in either way, so a failure here is logged, not a failed sync.
+    fn close_sockets_to_gone_endpoints(&mut self, stopped: BTreeSet<(SocketAddr, SocketAddr)>) {
+        let lb = self.lb.as_ref().expect("opened");
+        let cookies: BTreeSet<u64> = lb
+            .reverse
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(key, service)| stopped.contains(&(service.frontend(), key.backend())))
+            .map(|(key, _)| key.cookie)
+            .collect();
+        let gone: BTreeSet<SocketAddr> = stopped.iter().map(|(_, endpoint)| *endpoint).collect();
+        match svcplane_bpf::sockets::destroy_udp_sockets(&cookies, &gone) {
+            Ok(0) => {}
+            Ok(closed) => {
+                tracing::info!(closed, endpoints = ?gone, "closed the node's UDP sockets connected to endpoints that are gone");
+            }
+            Err(error) => {
+                tracing::warn!(endpoints = ?gone, "closing the node's UDP sockets connected to endpoints that are gone: {error}");
+            }
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! The BPF mechanism of svcplane's eBPF mode: the C programs under `bpf/` (compiled by
 //! clang from `build.rs` and embedded), the typed keys and values of their maps, and
 //! loading, pinning (under a bpffs directory), attaching (to a cgroup v2 directory) and
-//! removing them, with aya 0.14.
+//! removing them, with aya 0.14; and closing the node's connected UDP sockets the
+//! programs balanced, through the socket-diagnostics netlink family ([`sockets`]).
 //!
 //! What it does not do: it knows nothing of Services, plans or Kubernetes and decides no
 //! policy. It writes what it is told into maps; `svcplane-backend-ebpf` decides what that is.
@@ -16,6 +17,7 @@ pub mod aya_maps {
 mod pins;
 mod pod;
 pub mod sock_lb;
+pub mod sockets;
 pub mod sys;
 pub mod tc;
 

@@ -218,6 +218,13 @@ pub struct RevKey {
     pub pad: [u16; 3],
 }
 
+impl RevKey {
+    /// The endpoint the socket was balanced to.
+    pub fn backend(&self) -> SocketAddr {
+        SocketAddr::new(address_of(self.addr), port_host(self.port))
+    }
+}
+
 /// The Service address that socket asked for.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -225,6 +232,13 @@ pub struct RevValue {
     pub addr: [u8; 16],
     pub port: u16,
     pub pad: u16,
+}
+
+impl RevValue {
+    /// The Service address the socket connected to.
+    pub fn frontend(&self) -> SocketAddr {
+        SocketAddr::new(address_of(self.addr), port_host(self.port))
+    }
 }
 
 /// A client (its network namespace cookie at the socket level) and a backend set.
@@ -257,6 +271,11 @@ pub struct LiveKey {
 }
 
 impl LiveKey {
+    /// The endpoint.
+    pub fn address(&self) -> SocketAddr {
+        SocketAddr::new(address_of(self.addr), port_host(self.port))
+    }
+
     pub fn new(port_id: u32, address: SocketAddr) -> Self {
         Self { port_id, addr: address_bytes(address.ip()), port: port_net(address.port()), pad: 0 }
     }
