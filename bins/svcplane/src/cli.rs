@@ -159,11 +159,12 @@ pub struct ProxyArgs {
     /// How nftables mode reaches the kernel.
     #[arg(long, value_enum, default_value = "netlink")]
     pub nft_mechanism: NftMechanism,
-    /// For fault tests only: nftables mode (netlink) takes one fault per transaction from
-    /// this file's first line (`refused`, `answers-lost`, `socket-closed`) and rewrites the
-    /// file without it. See docs/reliability.md.
+    /// For fault tests only: each kernel transaction takes one fault from this file's
+    /// first line and the file is rewritten without it (nftables mode over netlink:
+    /// `refused`, `answers-lost`, `socket-closed`; iptables mode: `refused`). See
+    /// docs/reliability.md.
     #[arg(long, value_name = "FILE", hide = true)]
-    pub inject_nft_faults_from: Option<PathBuf>,
+    pub inject_faults_from: Option<PathBuf>,
     /// The `nft` program to run with `--nft-mechanism cli`.
     #[arg(long, default_value = "nft", hide = true)]
     pub nft_program: String,

@@ -5,6 +5,7 @@ mod config;
 mod controller;
 mod dns;
 mod explain;
+mod faults;
 mod feeds;
 mod lab;
 mod modes;

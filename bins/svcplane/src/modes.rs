@@ -13,6 +13,7 @@ use svcplane_nft::{NftCli, NftClient, NftNetlink};
 use crate::cli::{
     CleanupArgs, EbpfArgs, EbpfExternalMode, IptablesBackend as IptablesVariant, Mode, NftMechanism, ProxyArgs,
 };
+use crate::faults::FaultFile;
 
 /// The dataplane `--mode` names, ready to sync (nothing touches the kernel until then).
 pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
@@ -21,8 +22,8 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
             let client = match args.nft_mechanism {
                 NftMechanism::Netlink => {
                     let netlink = NftNetlink::new().context("opening the nf_tables netlink socket")?;
-                    NftClient::Netlink(match &args.inject_nft_faults_from {
-                        Some(path) => netlink.with_fault_file(path),
+                    NftClient::Netlink(match &args.inject_faults_from {
+                        Some(path) => netlink.with_faults(Box::new(FaultFile::new(path))),
                         None => netlink,
                     })
                 }
@@ -30,7 +31,13 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
             };
             Box::new(NftablesBackend::new(client).with_counting(args.nft_counters))
         }
-        Mode::Iptables => Box::new(IptablesBackend::new(IptablesCli::new(iptables_variant(args.iptables_backend)))),
+        Mode::Iptables => {
+            let cli = IptablesCli::new(iptables_variant(args.iptables_backend));
+            Box::new(IptablesBackend::new(match &args.inject_faults_from {
+                Some(path) => cli.with_faults(Box::new(FaultFile::new(path))),
+                None => cli,
+            }))
+        }
         Mode::Ebpf => Box::new(EbpfBackend::new(ebpf_options(&args.ebpf))),
         Mode::Ipvs => {
             Box::new(IpvsBackend::new(ipvs_config(args), IptablesCli::new(iptables_variant(args.iptables_backend))))

@@ -307,15 +307,27 @@ fn endpoints_changing_every_second_lose_none_of_100k_requests_in_ebpf_mode() {
     endpoints_changing_every_second_lose_none_of_100k_connects(EBPF);
 }
 
-/// `nft -s list ruleset` in node1: the rules without counters, which the loads move.
+/// What node1's proxy programmed, without the counters the loads move: `nft -s list
+/// ruleset`, or `iptables-save` without its dated comment lines and chain counters.
 fn stateless_ruleset(cluster: &Cluster) -> String {
     let lab = cluster.lab();
-    lab.exec_ok(lab.node(THIS_NODE).namespace_name(), &["nft", "-s", "list", "ruleset"])
-        .unwrap_or_else(|error| panic!("listing node1's ruleset: {error}"))
+    let command: &[&str] = match cluster.backend().name {
+        "nftables" => &["nft", "-s", "list", "ruleset"],
+        _ => cluster.backend().ruleset,
+    };
+    let text = lab
+        .exec_ok(lab.node(THIS_NODE).namespace_name(), command)
+        .unwrap_or_else(|error| panic!("listing node1's ruleset: {error}"));
+    // Chain lines carry packet counters (`:INPUT ACCEPT [2080:208424]`): left out.
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| if line.starts_with(':') { line.rsplit_once(" [").map_or(line, |(chain, _)| chain) } else { line })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
-fn sync_failures(cluster: &Cluster) -> f64 {
-    cluster.proxy_metric(THIS_NODE, "svcplane_sync_failures_total{mode=\"nftables\"}").unwrap_or(0.0)
+fn sync_failures(cluster: &Cluster, mode: &str) -> f64 {
+    cluster.proxy_metric(THIS_NODE, &format!("svcplane_sync_failures_total{{mode=\"{mode}\"}}")).unwrap_or(0.0)
 }
 
 /// Which echo pods answer `requests` TCP requests from the pod on node1 to the echo
@@ -330,23 +342,23 @@ fn answering_pods(cluster: &Cluster, requests: usize) -> std::collections::BTree
         .collect()
 }
 
-/// Injects `faults` (one per transaction) into node1's proxy, makes an endpoint change
-/// (the echo pod `pod` turns not ready, or ready again) and checks what the sync loop does:
-/// with `rules_kept`, the kernel still holds the previous rules while the faults last; each
-/// failure is counted once, retries back off (1 s, then 2 s), and the next success brings
-/// the rules to the new state.
-fn fault_then_converge(cluster: &Cluster, faults: &[&str], pod: &str, ready: bool, rules_kept: bool) {
-    let failures_before = sync_failures(cluster);
+/// Injects `faults` (one per transaction) into node1's proxy (mode `mode`), makes an
+/// endpoint change (the echo pod `pod` turns not ready, or ready again) and checks what
+/// the sync loop does: with `rules_kept`, the kernel still holds the previous rules while
+/// the faults last; each failure is counted once, retries back off (1 s, then 2 s), and
+/// the next success brings the rules to the new state.
+fn fault_then_converge(cluster: &Cluster, mode: &str, faults: &[&str], pod: &str, ready: bool, rules_kept: bool) {
+    let failures_before = sync_failures(cluster, mode);
     let ruleset_before = stateless_ruleset(cluster);
     let log_before = cluster.proxy_log(THIS_NODE).len();
-    cluster.queue_nft_faults(THIS_NODE, faults);
+    cluster.queue_faults(THIS_NODE, faults);
     cluster.set_pod_ready(pod, ready);
-    let failed = eventually(Duration::from_secs(10), || (sync_failures(cluster) > failures_before).then_some(()));
+    let failed = eventually(Duration::from_secs(10), || (sync_failures(cluster, mode) > failures_before).then_some(()));
     assert!(
         failed.is_some(),
         "{faults:?}: the injected fault failed a sync (faults still queued: {}; failures {failures_before} -> {})\n{}",
-        cluster.queued_nft_faults(THIS_NODE),
-        sync_failures(cluster),
+        cluster.queued_faults(THIS_NODE),
+        sync_failures(cluster, mode),
         cluster.proxy_log(THIS_NODE)
     );
     if rules_kept {
@@ -357,7 +369,7 @@ fn fault_then_converge(cluster: &Cluster, faults: &[&str], pod: &str, ready: boo
             "{faults:?}: after the failed transaction node1 holds exactly the previous rules"
         );
     }
-    let done = eventually(Duration::from_secs(15), || (cluster.queued_nft_faults(THIS_NODE) == 0).then_some(()));
+    let done = eventually(Duration::from_secs(15), || (cluster.queued_faults(THIS_NODE) == 0).then_some(()));
     assert!(done.is_some(), "{faults:?}: the proxy retried until every queued fault was taken");
     // Converged: the change is in the kernel, through the retry that succeeded.
     let converged = eventually(Duration::from_secs(10), || {
@@ -370,7 +382,7 @@ fn fault_then_converge(cluster: &Cluster, faults: &[&str], pod: &str, ready: boo
         if ready { "new" } else { "no new" },
         cluster.diagnostics()
     );
-    let failures = sync_failures(cluster) - failures_before;
+    let failures = sync_failures(cluster, mode) - failures_before;
     assert_eq!(failures, faults.len() as f64, "{faults:?}: each injected fault failed exactly one sync");
     let log = &cluster.proxy_log(THIS_NODE)[log_before..];
     let retries: Vec<&str> =
@@ -387,17 +399,35 @@ fn kernel_transaction_failures_keep_the_rules_whole_back_off_and_converge_in_nft
     ) {
         return;
     }
-    let cluster = Cluster::builder(NFTABLES).nft_faults().start();
+    let cluster = Cluster::builder(NFTABLES).faults().start();
     let loads = start_loads(&cluster);
     let pod = scenarios::OTHER_NODE_ECHO_PODS[0];
     // The kernel refuses two transactions in a row: nothing of either applies.
-    fault_then_converge(&cluster, &["refused", "refused"], pod, false, true);
+    fault_then_converge(&cluster, "nftables", &["refused", "refused"], pod, false, true);
     // The netlink socket is closed under the proxy: it opens a new one.
-    fault_then_converge(&cluster, &["socket-closed"], pod, true, true);
+    fault_then_converge(&cluster, "nftables", &["socket-closed"], pod, true, true);
     // The kernel applied the transaction but its answer was lost: the retry, a full sync,
     // rewrites what is there and the proxy carries on.
-    fault_then_converge(&cluster, &["answers-lost"], pod, false, false);
+    fault_then_converge(&cluster, "nftables", &["answers-lost"], pod, false, false);
     let reports = finish(loads);
     assert_nothing_failed(&cluster, "injected nftables transaction failures", &reports);
+    cluster.teardown();
+}
+
+#[test]
+fn refused_restores_keep_the_rules_whole_back_off_and_converge_in_iptables_mode() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "refused_restores_keep_the_rules_whole_back_off_and_converge_in_iptables_mode",
+    ) {
+        return;
+    }
+    let cluster = Cluster::builder(IPTABLES_LEGACY).faults().start();
+    let loads = start_loads(&cluster);
+    let pod = scenarios::OTHER_NODE_ECHO_PODS[0];
+    // iptables-restore refuses the table twice in a row: nothing of either applies.
+    fault_then_converge(&cluster, "iptables", &["refused", "refused"], pod, false, true);
+    fault_then_converge(&cluster, "iptables", &["refused"], pod, true, true);
+    let reports = finish(loads);
+    assert_nothing_failed(&cluster, "injected iptables-restore failures", &reports);
     cluster.teardown();
 }

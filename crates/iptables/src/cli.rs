@@ -5,6 +5,7 @@
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 
 use crate::Iptables;
 use crate::error::IptablesError;
@@ -52,17 +53,47 @@ impl Variant {
     }
 }
 
+/// A fault put in a restore's way on purpose, for tests of what happens when the kernel
+/// path fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreFault {
+    /// The restore input gets one more line appending to a chain that does not exist, so
+    /// `iptables-restore` refuses the whole table: nothing of it is applied.
+    Refused,
+}
+
+/// Hands out the fault for each restore (`None`: no fault this time).
+pub trait RestoreFaultSource: Send + std::fmt::Debug {
+    fn next_fault(&mut self) -> std::io::Result<Option<RestoreFault>>;
+}
+
+/// The chain an injected [`RestoreFault::Refused`] appends to: it never exists.
+const FAULT_CHAIN: &str = "SVCPLANE-FAULT-INJECTED";
+
 /// The iptables programs of one variant as a mechanism.
 #[derive(Debug, Clone)]
 pub struct IptablesCli {
     variant: Variant,
     prefix: Vec<String>,
+    faults: Option<Arc<Mutex<Box<dyn RestoreFaultSource>>>>,
 }
 
 impl IptablesCli {
     /// Runs the programs of `variant` from `PATH` in the caller's network namespace.
     pub fn new(variant: Variant) -> Self {
-        Self { variant, prefix: Vec::new() }
+        Self { variant, prefix: Vec::new(), faults: None }
+    }
+
+    /// Injects the faults `source` hands out, one per restore (tests only).
+    pub fn with_faults(mut self, source: Box<dyn RestoreFaultSource>) -> Self {
+        self.faults = Some(Arc::new(Mutex::new(source)));
+        self
+    }
+
+    fn next_fault(&self) -> Result<Option<RestoreFault>, IptablesError> {
+        let Some(faults) = &self.faults else { return Ok(None) };
+        let mut source = faults.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        source.next_fault().map_err(|source| IptablesError::Spawn { program: "the fault source".to_owned(), source })
     }
 
     /// Runs every program through a command prefix, e.g. `["ip", "netns", "exec", "ns"]`.
@@ -173,7 +204,13 @@ fn failure_text(output: &Output) -> String {
 impl Iptables for IptablesCli {
     fn restore(&mut self, family: Family, input: &RestoreTable) -> Result<(), IptablesError> {
         let program = self.variant.program(family, Tool::Restore);
-        let text = input.render();
+        let mut text = input.render();
+        if self.next_fault()? == Some(RestoreFault::Refused) {
+            // Before the final COMMIT: the program refuses the table whole.
+            if let Some(at) = text.rfind("COMMIT") {
+                text.insert_str(at, &format!("-A {FAULT_CHAIN} -j ACCEPT\n"));
+            }
+        }
         let output = self.run(&program, &["--noflush", WAIT_SECONDS], Some(&text))?;
         if output.status.success() {
             return Ok(());

@@ -28,7 +28,7 @@ pub mod save;
 pub mod text;
 pub mod trace;
 
-pub use cli::{Detection, IptablesCli, Tool, Variant, detect_variant};
+pub use cli::{Detection, IptablesCli, RestoreFault, RestoreFaultSource, Tool, Variant, detect_variant};
 pub use error::IptablesError;
 pub use fake::{FakeChain, FakeIptables, FakeTable};
 pub use model::*;

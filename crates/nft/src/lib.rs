@@ -31,7 +31,7 @@ pub use cli::NftCli;
 pub use client::NftClient;
 pub use error::{ErrorKind, NftError, ObjectKind};
 pub use fake::{FakeNftables, FakeTable};
-pub use netlink::{Fault, KernelReply, NftNetlink, decode_kernel_replies};
+pub use netlink::{Fault, FaultSource, KernelReply, NftNetlink, decode_kernel_replies};
 pub use objects::*;
 pub use text::{render, render_with};
 

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use svcplane_nft::{
-    BaseChain, Chain, ChainType, CmpOp, DataType, Element, ElementValue, ErrorKind, Expr, Family, FibAddress, Hook,
-    Match, NftCli, NftError, NftNetlink, Nftables, Operation, RejectKind, Rule, Set, Statement, TableName, Transaction,
-    Value, Verdict,
+    BaseChain, Chain, ChainType, CmpOp, DataType, Element, ElementValue, ErrorKind, Expr, Family, Fault, FaultSource,
+    FibAddress, Hook, Match, NftCli, NftError, NftNetlink, Nftables, Operation, RejectKind, Rule, Set, Statement,
+    TableName, Transaction, Value, Verdict,
 };
 
 /// A network namespace that exists for one test and is removed when it ends, even by panic.
@@ -1332,6 +1332,22 @@ fn timings_at_ten_thousand_services() {
     assert_eq!(counts["chains"], services as usize + 5);
 }
 
+/// Faults queued by the test, one taken per transaction.
+#[derive(Debug, Clone, Default)]
+struct FaultQueue(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Fault>>>);
+
+impl FaultQueue {
+    fn push(&self, fault: Fault) {
+        self.0.lock().unwrap().push_back(fault);
+    }
+}
+
+impl FaultSource for FaultQueue {
+    fn next_fault(&mut self) -> std::io::Result<Option<Fault>> {
+        Ok(self.0.lock().unwrap().pop_front())
+    }
+}
+
 #[test]
 fn injected_faults_leave_each_transaction_whole_and_the_mechanism_recovers_on_a_fresh_socket() {
     if !svcplane_testbed::can_run_real_kernel_tests(
@@ -1343,9 +1359,8 @@ fn injected_faults_leave_each_transaction_whole_and_the_mechanism_recovers_on_a_
     // transactions the kernel was told to apply, with no fault in the way.
     let faulted = NetNs::new("faults");
     let twin = NetNs::new("faults-twin");
-    let faults = tempfile::tempdir().expect("a temporary directory");
-    let fault_file = faults.path().join("faults");
-    let mut netlink = faulted.netlink().with_fault_file(&fault_file);
+    let queue = FaultQueue::default();
+    let mut netlink = faulted.netlink().with_faults(Box::new(queue.clone()));
     let mut reference = twin.netlink();
     let table = ip_table();
     let apply_both = |netlink: &mut NftNetlink, reference: &mut NftNetlink, transaction: &Transaction| {
@@ -1356,14 +1371,14 @@ fn injected_faults_leave_each_transaction_whole_and_the_mechanism_recovers_on_a_
     assert_same_table(&faulted, &twin, &table, "before any fault");
 
     // Refused: the kernel aborts the batch at the injected message; nothing of it applied.
-    std::fs::write(&fault_file, "refused\n").unwrap();
+    queue.push(Fault::Refused);
     let error = netlink.apply(&every_removal_ipv4()).expect_err("the kernel refuses the batch");
     assert!(error.to_string().contains("svcplane-fault-injected"), "the error names the refused message: {error}");
     assert_same_table(&faulted, &twin, &table, "a refused transaction leaves the previous ruleset whole");
 
     // Socket closed: nothing is sent; the next transaction opens a fresh socket in the same
     // namespace and applies.
-    std::fs::write(&fault_file, "socket-closed\n").unwrap();
+    queue.push(Fault::SocketClosed);
     let error = netlink.apply(&every_removal_ipv4()).expect_err("a closed socket sends nothing");
     assert_eq!(error.kind(), ErrorKind::Io, "{error}");
     assert_same_table(&faulted, &twin, &table, "nothing was sent on the closed socket");
@@ -1372,12 +1387,12 @@ fn injected_faults_leave_each_transaction_whole_and_the_mechanism_recovers_on_a_
 
     // Answers lost: the kernel applied the batch whole though the sender cannot know it;
     // the next transaction still works (a fresh socket: no stale answer taken for its own).
-    std::fs::write(&fault_file, "answers-lost\n").unwrap();
+    queue.push(Fault::AnswersLost);
     let error = netlink.apply(&every_addition_ipv4()).expect_err("lost answers are an error");
     assert!(error.to_string().contains("ENOBUFS"), "{error}");
     reference.apply(&every_addition_ipv4()).expect("the twin applies");
     assert_same_table(&faulted, &twin, &table, "the batch whose answers were lost applied whole");
     apply_both(&mut netlink, &mut reference, &every_removal_ipv4());
     assert_same_table(&faulted, &twin, &table, "the transaction after lost answers");
-    assert!(std::fs::read_to_string(&fault_file).unwrap().is_empty(), "every queued fault was taken");
+    assert!(queue.0.lock().unwrap().is_empty(), "every queued fault was taken");
 }

@@ -109,7 +109,7 @@ pub struct ClusterBuilder {
     node_port_addresses: NodePortAddresses,
     line_servers: Vec<(Protocol, u16, &'static [&'static str])>,
     programmed_within: Duration,
-    nft_faults: bool,
+    faults: bool,
     extra_proxy_args: Vec<String>,
 }
 
@@ -145,9 +145,9 @@ impl ClusterBuilder {
         self
     }
 
-    /// Proxies take injected nftables faults from a file per node ([`Cluster::queue_nft_faults`]).
-    pub fn nft_faults(mut self) -> Self {
-        self.nft_faults = true;
+    /// Proxies take injected kernel faults from a file per node ([`Cluster::queue_faults`]).
+    pub fn faults(mut self) -> Self {
+        self.faults = true;
         self
     }
 
@@ -167,7 +167,7 @@ impl ClusterBuilder {
         let mut cluster = Cluster {
             backend: self.backend,
             node_port_addresses: self.node_port_addresses,
-            nft_faults: self.nft_faults,
+            faults: self.faults,
             extra_proxy_args: self.extra_proxy_args,
             services: manifests::SERVICES.to_vec(),
             proxies: Vec::new(),
@@ -264,7 +264,7 @@ pub struct Cluster {
     services: Vec<ServiceSpec>,
     proxies: Vec<Proxy>,
     line_servers: Vec<LineServers>,
-    nft_faults: bool,
+    faults: bool,
     extra_proxy_args: Vec<String>,
     /// Always `Some` until [`Cluster::teardown`] takes it.
     lab: Option<Lab>,
@@ -280,7 +280,7 @@ impl Cluster {
             node_port_addresses: NodePortAddresses::Default,
             line_servers: Vec::new(),
             programmed_within: PROGRAMMED_WITHIN,
-            nft_faults: false,
+            faults: false,
             extra_proxy_args: Vec::new(),
         }
     }
@@ -448,11 +448,8 @@ impl Cluster {
         args.extend(node_port_address_args(self.node_port_addresses, node));
         args.extend(self.backend.proxy_args.iter().map(|arg| (*arg).to_owned()));
         args.extend(self.extra_proxy_args.iter().cloned());
-        if self.nft_faults {
-            args.extend([
-                "--inject-nft-faults-from".to_owned(),
-                self.nft_fault_file(node).to_string_lossy().into_owned(),
-            ]);
+        if self.faults {
+            args.extend(["--inject-faults-from".to_owned(), self.fault_file(node).to_string_lossy().into_owned()]);
         }
         if self.backend.node_cgroups {
             let cgroup = lab.node_cgroup(node).expect("the lab made node cgroups");
@@ -473,16 +470,17 @@ impl Cluster {
         Proxy { node, log, child }
     }
 
-    fn nft_fault_file(&self, node: u16) -> PathBuf {
-        self.dir.path().join(format!("nft-faults-node{node}"))
+    fn fault_file(&self, node: u16) -> PathBuf {
+        self.dir.path().join(format!("faults-node{node}"))
     }
 
-    /// Queues faults for the next nftables transactions of `node`'s proxy, one per
-    /// transaction (`refused`, `answers-lost`, `socket-closed`); needs
-    /// [`ClusterBuilder::nft_faults`].
-    pub fn queue_nft_faults(&self, node: u16, faults: &[&str]) {
-        assert!(self.nft_faults, "the cluster was built without ClusterBuilder::nft_faults");
-        let path = self.nft_fault_file(node);
+    /// Queues faults for the next kernel transactions of `node`'s proxy, one per
+    /// transaction (nftables: `refused`, `answers-lost`, `socket-closed`; iptables:
+    /// `refused`); needs
+    /// [`ClusterBuilder::faults`].
+    pub fn queue_faults(&self, node: u16, faults: &[&str]) {
+        assert!(self.faults, "the cluster was built without ClusterBuilder::faults");
+        let path = self.fault_file(node);
         let temporary = path.with_extension("tmp");
         std::fs::write(&temporary, faults.iter().map(|fault| format!("{fault}\n")).collect::<String>())
             .expect("writing the fault file");
@@ -490,8 +488,8 @@ impl Cluster {
     }
 
     /// Faults queued for `node`'s proxy and not taken yet.
-    pub fn queued_nft_faults(&self, node: u16) -> usize {
-        std::fs::read_to_string(self.nft_fault_file(node))
+    pub fn queued_faults(&self, node: u16) -> usize {
+        std::fs::read_to_string(self.fault_file(node))
             .unwrap_or_default()
             .lines()
             .filter(|l| !l.trim().is_empty())

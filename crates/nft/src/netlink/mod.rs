@@ -46,7 +46,6 @@ mod wire;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::path::Path;
 use std::time::Duration;
 
 use crate::Nftables;
@@ -55,8 +54,7 @@ use crate::objects::{DataType, ElementValue, Operation, Set, Statement, TableNam
 use crate::{text, validation};
 
 use encode::{Batch, Catalog, KnownSet};
-pub use faults::Fault;
-use faults::FaultFile;
+pub use faults::{Fault, FaultSource};
 use socket::NetlinkSocket;
 use wire::*;
 
@@ -73,8 +71,8 @@ pub struct NftNetlink {
     seq: u32,
     /// Per table, the sets this mechanism created or asked the kernel about.
     sets: HashMap<TableName, HashMap<String, KnownSet>>,
-    /// Faults to inject, for tests (see [`NftNetlink::with_fault_file`]).
-    faults: Option<FaultFile>,
+    /// Faults to inject, for tests (see [`NftNetlink::with_faults`]).
+    faults: Option<Box<dyn FaultSource>>,
 }
 
 impl NftNetlink {
@@ -94,11 +92,10 @@ impl NftNetlink {
         Ok(Self::with_socket(socket, Some(namespace)))
     }
 
-    /// Injects the faults queued in `path`, one per transaction, for tests of what happens
-    /// when the kernel path fails ([`Fault`]: `refused`, `answers-lost`, `socket-closed`,
-    /// one per line). A missing or empty file injects nothing.
-    pub fn with_fault_file(mut self, path: &Path) -> Self {
-        self.faults = Some(FaultFile::new(path));
+    /// Injects the faults `source` hands out, one per transaction, for tests of what
+    /// happens when the kernel path fails.
+    pub fn with_faults(mut self, source: Box<dyn FaultSource>) -> Self {
+        self.faults = Some(source);
         self
     }
 
@@ -216,8 +213,8 @@ impl Nftables for NftNetlink {
             return Ok(());
         }
         self.ready_socket()?;
-        let fault = match &self.faults {
-            Some(faults) => faults.take().map_err(socket_error)?,
+        let fault = match &mut self.faults {
+            Some(faults) => faults.next_fault().map_err(socket_error)?,
             None => None,
         };
         let result = match fault {
