@@ -52,6 +52,8 @@ const IPVS: Backend = Backend {
         &["cat", "/proc/net/ip_vs"],
         &["iptables-nft-save", "-t", "nat"],
         &["ip6tables-nft-save", "-t", "nat"],
+        &["iptables-nft-save", "-t", "filter"],
+        &["ip6tables-nft-save", "-t", "filter"],
     ],
     ruleset: &["cat", "/proc/net/ip_vs"],
     not_applicable: scenarios::cluster::every_row_applies,
@@ -156,46 +158,6 @@ fn sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend() {
 /// Rows of the scenario table that IPVS mode does not pass yet, with the reason: each needs
 /// something docs/backend-ipvs.md lists as not done.
 const IPVS_NOT_YET: &[(&str, &str)] = &[
-    (
-        "external client outside loadBalancerSourceRanges to the load-balancer IP over TCP is dropped",
-        "loadBalancerSourceRanges are not spelled (upstream's KUBE-LOAD-BALANCER-SOURCE-* sets)",
-    ),
-    (
-        "external client outside loadBalancerSourceRanges to the load-balancer IP over UDP is dropped",
-        "loadBalancerSourceRanges are not spelled (upstream's KUBE-LOAD-BALANCER-SOURCE-* sets)",
-    ),
-    (
-        "external client to the ClusterIP of a Service without endpoints routed via this node over TCP is refused at once",
-        "no rejection rules for Services without endpoints yet (IPv6 is refused only after ~1 s)",
-    ),
-    (
-        "external client to the NodePort of a Service without endpoints over TCP is refused at once",
-        "no rejection rules for Services without endpoints yet (IPv6 is refused only after ~1 s)",
-    ),
-    (
-        "pod on this node to the ClusterIP of a Service without endpoints over TCP is refused at once",
-        "no rejection rules for Services without endpoints yet (IPv6 is refused only after ~1 s)",
-    ),
-    (
-        "pod on this node to the NodePort of a Service without endpoints is refused at once",
-        "no rejection rules for Services without endpoints yet (IPv6 is refused only after ~1 s)",
-    ),
-    (
-        "the node itself to the ClusterIP of a Service without endpoints over TCP is refused at once",
-        "no rejection rules for Services without endpoints yet (IPv6 is refused only after ~1 s)",
-    ),
-    (
-        "pod on this node to a Service whose endpoints are terminating and no longer serving is refused",
-        "no rejection rules for Services without endpoints yet (IPv6 is refused only after ~1 s)",
-    ),
-    (
-        "pod on this node to an internalTrafficPolicy Local ClusterIP with endpoints only on the other node is dropped",
-        "unrouted traffic is refused by IPVS (an empty virtual service), not dropped as the plan says",
-    ),
-    (
-        "the node itself to an internalTrafficPolicy Local ClusterIP with endpoints only on the other node is dropped",
-        "unrouted traffic is refused by IPVS (an empty virtual service), not dropped as the plan says",
-    ),
     (
         "pod on this node to an external IP of an externalTrafficPolicy Local Service reaches every endpoint and keeps its own address",
         "one endpoint set per virtual service: IPVS sends every source to the local set",

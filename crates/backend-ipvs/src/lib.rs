@@ -76,6 +76,12 @@ pub fn spell(plan: &NodePlan, scheduler: &str, node_addresses: &[IpAddr]) -> Spe
                 PlanDestination::NodePortAddresses => node_port_addresses(plan, port.family, node_addresses),
             };
             let endpoints = catch_all_endpoints(port, &frontend.routes);
+            if endpoints.is_empty() {
+                // Nothing to balance to: no virtual service (IPVS would refuse on its own,
+                // before the filter table), the filter table refuses or drops as the plan
+                // says.
+                continue;
+            }
             for address in frontend_addresses {
                 let key = ServiceKey { address, protocol: port.protocol, port: frontend.port };
                 let service = Service {
@@ -184,6 +190,28 @@ impl IpvsBackend {
             }
             operations += table.commands.len();
             iptables.restore(fam, &table)?;
+
+            let mut filter = rules::filter_table(plan, family, &node_port_addresses(plan, family, node_addresses));
+            for (builtin, chain) in rules::FILTER_HOOKS {
+                let listing = iptables.list_chain(fam, Table::Filter, builtin)?.unwrap_or_default();
+                let hook = format!("-A {builtin} -j {chain}");
+                if !listing.lines().any(|line| line.trim() == hook) {
+                    filter.insert(*builtin, 1, rules::hook_rule(chain));
+                }
+            }
+            // Source-range chains of frontends that are gone: flushed, then deleted.
+            let existing = saved_chains(iptables, fam, Table::Filter)?;
+            let wanted: BTreeSet<String> = filter.chain_lines().into_iter().map(str::to_owned).collect();
+            let stale: Vec<String> =
+                existing.into_iter().filter(|chain| rules::is_filter_chain(chain) && !wanted.contains(chain)).collect();
+            for chain in &stale {
+                filter.declare(chain.clone());
+            }
+            for chain in &stale {
+                filter.delete_chain(chain.clone());
+            }
+            operations += filter.commands.len();
+            iptables.restore(fam, &filter)?;
         }
         Ok(operations)
     }
@@ -196,6 +224,26 @@ impl IpvsBackend {
         let mut removed = false;
         for family in [IpFamily::V4, IpFamily::V6] {
             let fam = rules::family_of(family);
+            let mut filter = RestoreTable::new(Table::Filter);
+            for (builtin, chain) in rules::FILTER_HOOKS {
+                let listing = iptables.list_chain(fam, Table::Filter, builtin)?.unwrap_or_default();
+                let hook = format!("-A {builtin} -j {chain}");
+                for _ in listing.lines().filter(|line| line.trim() == hook) {
+                    filter.delete(*builtin, rules::hook_rule(chain));
+                }
+            }
+            let chains: Vec<String> =
+                saved_chains(iptables, fam, Table::Filter)?.into_iter().filter(|c| rules::is_filter_chain(c)).collect();
+            for chain in &chains {
+                filter.declare(chain.clone());
+            }
+            for chain in &chains {
+                filter.delete_chain(chain.clone());
+            }
+            if !filter.is_empty() {
+                removed = true;
+                iptables.restore(fam, &filter)?;
+            }
             let mut table = RestoreTable::new(Table::Nat);
             for (builtin, chain) in rules::HOOKS {
                 let listing = iptables.list_chain(fam, Table::Nat, builtin)?.unwrap_or_default();
@@ -223,6 +271,21 @@ impl IpvsBackend {
         }
         Ok(removed)
     }
+}
+
+/// The user-defined chains of one table, from `iptables-save`.
+fn saved_chains(
+    iptables: &IptablesCli,
+    family: svcplane_iptables::Family,
+    table: Table,
+) -> Result<Vec<String>, DataplaneError> {
+    let text = iptables.save(family, table)?;
+    Ok(text
+        .lines()
+        .filter_map(|line| line.strip_prefix(':'))
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
+        .collect())
 }
 
 impl Dataplane for IpvsBackend {
