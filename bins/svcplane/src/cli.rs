@@ -493,6 +493,12 @@ pub struct ControllerArgs {
     /// this controller owns (kube-controller-manager's is `endpointslice-controller.k8s.io`).
     #[arg(long, value_name = "VALUE", default_value = svcplane_controller::MANAGED_BY)]
     pub managed_by: String,
+    /// With `--kubeconfig`: also assign `type: LoadBalancer` addresses from
+    /// `LoadBalancerIPPool`s (the CRD in deploy/loadbalancer-pools.yaml) and write them to
+    /// `status.loadBalancer.ingress`. Off by default: it needs the CRD installed.
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub load_balancer_ipam: bool,
     /// With `--kubeconfig`: run only while holding the leader election Lease, so that of
     /// several replicas one writes (kube-controller-manager's flag). `--leader-elect=false`
     /// runs at once, alone.

@@ -10,8 +10,9 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context;
 use svcplane_controller::Allocator;
 use svcplane_kube::ClusterAccess;
-use svcplane_kube::controller::{ControllerMetrics, ControllerOptions, run_controller_with_metrics};
+use svcplane_kube::controller::{ControllerMetrics, ControllerOptions};
 use svcplane_kube::lease::{LeaderElector, LeaseConfig, default_identity, run_while_leading};
+use svcplane_kube::load_balancer::run_controllers;
 use svcplane_source::load_directory;
 use tracing::{info, warn};
 
@@ -44,6 +45,7 @@ fn run_against_api(args: &ControllerArgs, access: ClusterAccess) -> anyhow::Resu
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing the signal handler")?;
     }
     let options = ControllerOptions { managed_by: args.managed_by.clone(), ..ControllerOptions::default() };
+    let lb_ipam = args.load_balancer_ipam;
     let metrics = Arc::new(ControllerMetrics::new());
     let _metrics_server = if let Some(address) = args.metrics_bind_address.0 {
         let metrics = Arc::clone(&metrics);
@@ -61,7 +63,7 @@ fn run_against_api(args: &ControllerArgs, access: ClusterAccess) -> anyhow::Resu
         let client = access.client().await?;
         let Some(lease) = lease else {
             info!(%access, managed_by = %options.managed_by, "running the EndpointSlice controller (no leader election)");
-            run_controller_with_metrics(client, options, stop, metrics).await?;
+            run_controllers(client, options, stop, metrics, lb_ipam).await?;
             info!("stopped");
             return anyhow::Ok(());
         };
@@ -71,7 +73,7 @@ fn run_against_api(args: &ControllerArgs, access: ClusterAccess) -> anyhow::Resu
         let controller_stop = Arc::clone(&stop);
         let led = run_while_leading(&mut elector, Arc::clone(&stop), move || {
             info!(%access, managed_by = %options.managed_by, "leading: running the EndpointSlice controller");
-            run_controller_with_metrics(client, options, controller_stop, metrics)
+            run_controllers(client, options, controller_stop, metrics, lb_ipam)
         })
         .await?;
         if let Some(result) = led {

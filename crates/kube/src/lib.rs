@@ -17,16 +17,21 @@
 //! - [`lease`]: leader election through a `coordination.k8s.io/v1` Lease (client-go's
 //!   semantics), so that of several controller replicas only one writes.
 //!
+//! - [`load_balancer`]: LoadBalancer addresses from `LoadBalancerIPPool`s (assigned by
+//!   `svcplane-controller`'s allocator), written to Service status with a condition naming
+//!   any cause of a missing address.
+//!
 //! What it deliberately does not do: no Service policy (that is `svcplane-core`), no
 //! conversion rules of its own (`svcplane-source` has them), no ClusterIP or NodePort
-//! allocation (the API server does that), and no writes besides EndpointSlices and the
-//! controller's leader election Lease.
+//! allocation (the API server does that), and no writes besides EndpointSlices, the
+//! controller's leader election Lease, LoadBalancer Service / pool status and their Events.
 
 mod access;
 pub mod controller;
 mod error;
 pub mod feed;
 pub mod lease;
+pub mod load_balancer;
 mod mirror;
 mod source;
 
