@@ -35,6 +35,9 @@ pub enum Command {
     Controller(ControllerArgs),
     /// Serve the cluster zone (Kubernetes DNS specification 1.1.0) over UDP and TCP.
     Dns(DnsArgs),
+    /// L2 announcement on this node: answer ARP / NDP for the LoadBalancer addresses whose
+    /// per-Service Lease this node holds (one agent per node, against the API).
+    Announce(AnnounceArgs),
     /// Remove everything svcplane programmed on this node.
     Cleanup(CleanupArgs),
     /// A sandbox of network namespaces showing real traffic through Services (needs root).
@@ -524,6 +527,35 @@ pub struct ControllerArgs {
     /// printed on standard output as `metrics on ADDR:PORT`; an empty value serves none.
     #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:10268", value_parser = parse_optional_address)]
     pub metrics_bind_address: MetricsAddress,
+}
+
+/// `announce`.
+#[derive(Debug, Clone, Args)]
+pub struct AnnounceArgs {
+    /// A kubeconfig; in a Pod, without it, the in-cluster config is used.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name (Lease holder identity; local endpoints under
+    /// `externalTrafficPolicy: Local`). Default: the machine's hostname, lower-cased.
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// An interface on the LAN the addresses are announced on (repeatable).
+    #[arg(long = "interface", value_name = "NAME", required = true)]
+    pub interfaces: Vec<String>,
+    /// The namespace of the per-Service Leases.
+    #[arg(long, value_name = "NAMESPACE", default_value = "kube-system")]
+    pub lease_namespace: String,
+    /// How long other nodes wait after a Lease last changed before taking it over: the
+    /// failover time after a node dies is about this plus one retry period.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// How long a holder keeps announcing without a successful renewal (below the lease
+    /// duration, so two nodes never announce at once).
+    #[arg(long, value_name = "DURATION", default_value = "1500ms", value_parser = parse_duration)]
+    pub renew_deadline: Duration,
+    /// How often holders renew and other candidates try.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_duration)]
+    pub retry_period: Duration,
 }
 
 /// `--metrics-bind-address`: an address, or none when given empty.

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 use svcplane_control_plane::{
     BareNamespace, ControlPlane, ControlPlaneConfig, NetnsClient, UpstreamBinaries, binaries_for_test,
 };
 use svcplane_kube::load_balancer::pool_resource;
 
-use kube_support::deploy::{apply_strict, manifest_documents};
+use kube_support::{create_pool, install_pool_crd};
 
 const CONDITION: &str = "svcplane.io/LoadBalancerAddress";
 const WITHIN: Duration = Duration::from_secs(30);
@@ -35,41 +35,6 @@ fn start_api(binaries: &UpstreamBinaries) -> (BareNamespace, ControlPlane, Netns
     let plane = ControlPlane::start(binaries, config).unwrap_or_else(|e| panic!("starting the control plane: {e}"));
     let client = NetnsClient::connect(namespace.name(), plane.kubeconfig()).unwrap();
     (namespace, plane, client)
-}
-
-fn install_crd(client: &NetnsClient) {
-    for document in manifest_documents("loadbalancer-pools.yaml") {
-        let kube = client.client();
-        let what = format!("{} {}", document["kind"], document["metadata"]["name"]);
-        client
-            .run(async move { apply_strict(kube, document).await })
-            .unwrap_or_else(|e| panic!("applying {what}: {e}"));
-    }
-    // The CRD is served once discovery knows it.
-    let started = Instant::now();
-    loop {
-        let kube = client.client();
-        let listed = client
-            .run(async move { Api::<DynamicObject>::all_with(kube, &pool_resource()).list(&Default::default()).await });
-        if listed.is_ok() {
-            return;
-        }
-        assert!(started.elapsed() < WITHIN, "the LoadBalancerIPPool CRD is not served: {listed:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-fn create_pool(client: &NetnsClient, name: &str, spec: Value) -> Result<DynamicObject, kube::Error> {
-    let resource = pool_resource();
-    let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "svcplane.io/v1alpha1", "kind": "LoadBalancerIPPool",
-        "metadata": {"name": name}, "spec": spec,
-    }))
-    .unwrap();
-    let kube = client.client();
-    client.run(
-        async move { Api::<DynamicObject>::all_with(kube, &resource).create(&PostParams::default(), &object).await },
-    )
 }
 
 fn pool_status(client: &NetnsClient, name: &str) -> Value {
@@ -135,7 +100,7 @@ fn in_range(ip: &str, first: u8, last: u8) -> bool {
 fn pools_from_the_crd_give_load_balancers_addresses_and_every_missing_address_names_its_cause() {
     let Some(binaries) = binaries_for_test("kube_load_balancer") else { return };
     let (namespace, plane, client) = start_api(&binaries);
-    install_crd(&client);
+    install_pool_crd(&client);
 
     // The schema refuses a block that is neither a CIDR nor a range, and a bad CIDR.
     for (name, spec) in [
