@@ -98,6 +98,9 @@ fn print_for_manifests(args: &ControllerArgs, dir: std::path::PathBuf) -> anyhow
     for error in &reconciled.errors {
         warn!("{error}");
     }
+    for problem in &reconciled.load_balancer_problems {
+        warn!("{problem}");
+    }
     let mut documents = Vec::new();
     for service in &reconciled.services {
         documents.push(with_kind(serde_json::to_value(service)?, "v1", "Service"));

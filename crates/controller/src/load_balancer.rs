@@ -60,6 +60,62 @@ pub const REQUESTED_IPS_ANNOTATIONS: [&str; 2] = ["metallb.universe.tf/loadBalan
 /// The condition this allocator writes on a Service it serves.
 pub const SERVICE_CONDITION: &str = "svcplane.io/LoadBalancerAddress";
 
+/// A `LoadBalancerIPPool` object as a manifests directory holds it (against the API the
+/// same object comes from the CRD).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancerIPPool {
+    #[serde(default)]
+    pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    #[serde(default)]
+    pub spec: PoolSpec,
+}
+
+/// Assigns addresses to the Services of ours among `services` from `pools` (manifests
+/// mode) and writes them to each one's `status.loadBalancer.ingress`. Returns one message
+/// per problem: a pool that cannot be used (naming the pool and the field) or a Service
+/// without the address it wants (naming the Service and the cause).
+pub fn assign_in_place(
+    pools: &[LoadBalancerIPPool],
+    services: &mut [Service],
+    allocator: &mut LbAllocator,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut valid = Vec::new();
+    for object in pools {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        match Pool::from_spec(&name, &object.spec) {
+            Ok(pool) => valid.push(pool),
+            Err((field, message)) => problems.push(PoolError { pool: name, field, message }.to_string()),
+        }
+    }
+    let outcome = allocator.allocate(&valid, services);
+    for (name, use_) in &outcome.pools {
+        if let Some(conflict) = &use_.conflict {
+            problems.push(format!("{POOL_KIND} {name}: Conflict: {conflict}"));
+        }
+    }
+    for service in services.iter_mut() {
+        let key = ObjectKey::of(&service.metadata);
+        let Some(assignment) = outcome.services.get(&key) else { continue };
+        for problem in &assignment.problems {
+            problems.push(format!("Service {key}: {}: {}", problem.reason, problem.message));
+        }
+        let ingress: Vec<k8s_openapi::api::core::v1::LoadBalancerIngress> = assignment
+            .ips()
+            .iter()
+            .map(|ip| k8s_openapi::api::core::v1::LoadBalancerIngress {
+                ip: Some(ip.to_string()),
+                ip_mode: Some("VIP".into()),
+                ..Default::default()
+            })
+            .collect();
+        let status = service.status.get_or_insert_with(Default::default);
+        status.load_balancer = Some(k8s_openapi::api::core::v1::LoadBalancerStatus { ingress: Some(ingress) });
+    }
+    problems
+}
+
 /// A pool's `spec`, as the CRD's schema defines it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
