@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DynamicObject};
@@ -239,4 +240,98 @@ fn pools_from_the_crd_give_load_balancers_addresses_and_every_missing_address_na
     assert_eq!(s4.0, s2.0);
     let log = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!log.contains("panicked"), "{log}");
+}
+
+/// The rights in deploy/ are enough: the controller runs on the `svcplane-controller`
+/// account's token (deploy/controller.yaml + deploy/loadbalancer-pools.yaml) and writes
+/// Service status, pool status and an Event; the agent runs on the `svcplane-announce`
+/// account's token (deploy/announce.yaml) and takes its Service's Lease.
+#[test]
+fn the_controller_and_the_announcer_work_on_their_deployed_service_accounts_tokens_alone() {
+    let Some(binaries) = binaries_for_test("kube_load_balancer") else { return };
+    let (namespace, plane, client) = start_api(&binaries);
+    install_pool_crd(&client);
+    for file in ["controller.yaml", "announce.yaml"] {
+        for document in kube_support::deploy::manifest_documents(file) {
+            let kube = client.client();
+            client.run(async move { kube_support::deploy::apply_strict(kube, document).await }).unwrap();
+        }
+    }
+    let kubeconfig_of = |account: &str| {
+        let (kube, name) = (client.client(), account.to_owned());
+        let token = client
+            .run(async move { kube_support::deploy::service_account_token(kube, "kube-system", &name).await })
+            .unwrap();
+        let path = plane.dir().join(format!("{account}.kubeconfig"));
+        kube_support::deploy::write_token_kubeconfig(&plane, &token, &path);
+        path.display().to_string()
+    };
+    create_pool(&client, "one", json!({"blocks": [{"cidr": "198.18.100.9/32"}]})).unwrap();
+    client.create(&lb_service("first", |_| {})).unwrap();
+    client.create(&lb_service("second", |_| {})).unwrap();
+
+    let controller = kubeconfig_of("svcplane-controller");
+    let args: Vec<String> = [
+        "controller",
+        "--kubeconfig",
+        &controller,
+        "--leader-elect=false",
+        "--load-balancer-ipam",
+        "--metrics-bind-address=",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let (_, log) = plane.spawn("svcplane-controller", namespace.name(), env!("CARGO_BIN_EXE_svcplane"), &args).unwrap();
+    let first = wait_for(&client, "first", "its address", |s| s.1 == "True");
+    assert_eq!(first.0, ["198.18.100.9"]);
+    wait_for(&client, "second", "PoolExhausted", |s| s.2 == "PoolExhausted");
+    let started = Instant::now();
+    while pool_status(&client, "one")["used"] != 1 {
+        assert!(started.elapsed() < WITHIN, "no pool status: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let events: Vec<Event> = client.list(Some("default"), None).unwrap();
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("PoolExhausted")),
+        "no Event: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!log_text.contains("403") && !log_text.contains("forbidden"), "{log_text}");
+
+    // The agent: a veth pair gives it an interface with a MAC in the API's namespace.
+    for args in [
+        vec!["ip", "link", "add", "lbva", "type", "veth", "peer", "name", "lbvb"],
+        vec!["ip", "link", "set", "lbva", "up"],
+        vec!["ip", "link", "set", "lbvb", "up"],
+    ] {
+        let status = std::process::Command::new("ip")
+            .args(["netns", "exec", namespace.name()])
+            .args(&args)
+            .status()
+            .expect("running ip");
+        assert!(status.success(), "{args:?}");
+    }
+    let announce = kubeconfig_of("svcplane-announce");
+    let args: Vec<String> = ["announce", "--kubeconfig", &announce, "--node-name", "node-a", "--interface", "lbva"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    let (_, log) = plane.spawn("svcplane-announce", namespace.name(), env!("CARGO_BIN_EXE_svcplane"), &args).unwrap();
+    let started = Instant::now();
+    loop {
+        let lease: Result<Lease, _> = client.get("kube-system", "svcplane-l2.default.first");
+        if lease.ok().and_then(|l| l.spec).and_then(|s| s.holder_identity).as_deref() == Some("node-a") {
+            break;
+        }
+        assert!(
+            started.elapsed() < WITHIN,
+            "the agent does not hold the Lease: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The Service without an address has no Lease: nothing to announce.
+    assert!(client.get::<Lease>("kube-system", "svcplane-l2.default.second").is_err());
 }

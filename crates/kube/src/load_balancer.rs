@@ -245,7 +245,8 @@ async fn reconcile(
             }
         }
     }
-    pools_written.retain(|name, _| pools.objects.contains_key(&ObjectKey::new("default", name.clone())));
+    let names: std::collections::BTreeSet<String> = pools.objects.values().map(ResourceExt::name_any).collect();
+    pools_written.retain(|name, _| names.contains(name));
     failed
 }
 

@@ -179,25 +179,18 @@ fn deleting_a_service_frees_its_address_for_a_waiting_one() {
 
 #[test]
 fn a_later_pool_overlapping_an_earlier_one_is_not_used_and_says_with_which() {
+    // b-second overlaps a-first; only b-second selects the Service (label pool=b).
     let pools = [
-        pool("b-second", json!({"blocks": [{"cidr": "198.18.100.8/29"}]})),
-        pool("a-first", json!({"blocks": [{"cidr": "198.18.100.0/28"}]})),
+        pool(
+            "b-second",
+            json!({"blocks": [{"cidr": "198.18.100.8/29"}], "serviceSelector": {"matchLabels": {"pool": "b"}}}),
+        ),
+        pool("a-first", json!({"blocks": [{"cidr": "198.18.100.0/28"}], "namespaces": ["elsewhere"]})),
     ];
-    let only_b = lb("default", "web", |s| {
-        s.metadata.labels = Some(BTreeMap::from([("pool".into(), "b".into())]));
-    });
-    let pools_b_selects = [
-        pools[1].clone(),
-        Pool {
-            selector: Some(serde_json::from_value(json!({"matchLabels": {"pool": "b"}})).unwrap()),
-            ..pools[0].clone()
-        },
-    ];
-    let mut a_selects_nothing = pools_b_selects.clone();
-    a_selects_nothing[0].namespaces = vec!["elsewhere".into()];
-    let outcome = LbAllocator::new().allocate(&a_selects_nothing, &[only_b]);
+    let web = lb("default", "web", |s| s.metadata.labels = Some(BTreeMap::from([("pool".into(), "b".into())])));
+    let outcome = LbAllocator::new().allocate(&pools, &[web]);
     let conflict = outcome.pools["b-second"].conflict.clone().expect("a conflict");
-    assert!(conflict.contains("pool a-first"), "{conflict}");
+    assert!(conflict.contains("pool a-first") && conflict.contains("198.18.100.8-198.18.100.15"), "{conflict}");
     assert!(outcome.pools["a-first"].conflict.is_none());
     assert_eq!(reasons_of(&outcome, "default", "web"), [LbReason::NoPoolSelects]);
 }
