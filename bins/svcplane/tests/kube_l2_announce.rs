@@ -320,6 +320,13 @@ fn under_local_policy_the_address_moves_when_the_announcing_node_loses_its_last_
         objects::set_ready(&setup.kube.client, "default", &format!("{holder}-pod1"), false).unwrap();
         let took = wait_served_via(&setup, ip, next, &[&format!("{next}-pod1")], started, FAILOVER_LIMIT * 2);
         eprintln!("run {run}: {holder}'s endpoint unready, {next} serves after {took:?}");
+        // The old holder is alive and must have stopped answering: fresh resolutions all
+        // name the new holder.
+        for _ in 0..3 {
+            let _ = setup.kube.lab.exec(&setup.client_ns, &["ip", "-4", "neigh", "flush", "to", &ip.to_string()]);
+            let resolved = wait_served_via(&setup, ip, next, &[], Instant::now(), FAILOVER_LIMIT);
+            assert!(resolved < FAILOVER_LIMIT);
+        }
         assert_eq!(self::holder(&setup).as_deref(), Some(next));
         times.push(took);
         // Its endpoint back: the address stays where it is (no preemption).

@@ -195,6 +195,20 @@ fn pools_from_the_crd_give_load_balancers_addresses_and_every_missing_address_na
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(pool_status(&client, "a-small")["used"], 2);
+    // What the schema cannot check (start after stop) is the pool's InvalidSpec condition.
+    create_pool(&client, "d-backwards", json!({"blocks": [{"start": "198.18.100.50", "stop": "198.18.100.40"}]}))
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let status = pool_status(&client, "d-backwards");
+        if status["conditions"][0]["reason"] == "InvalidSpec" {
+            let message = status["conditions"][0]["message"].as_str().unwrap_or_default().to_owned();
+            assert!(message.contains("spec.blocks[0]") && message.contains("after stop"), "{status}");
+            break;
+        }
+        assert!(started.elapsed() < WITHIN, "d-backwards has no InvalidSpec condition: {status}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // A requested address outside every pool, and one another Service holds.
     client
