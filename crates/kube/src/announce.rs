@@ -244,7 +244,9 @@ pub async fn run_announce_agent(
                     campaign.held_since_try = None;
                     announce(&campaigns, &mut announced, &set_addresses, &options);
                 }
-                campaign.elector.release().await;
+                // Best effort: a release that does not arrive only makes the next holder
+                // wait out the lease.
+                let _ = tokio::time::timeout(options.renew_deadline, campaign.elector.release()).await;
             }
         }
         let now = Instant::now();
@@ -262,9 +264,14 @@ pub async fn run_announce_agent(
         }
         // Tries that are due, all at once.
         let due: Vec<(&ObjectKey, &mut Campaign)> = campaigns.iter_mut().filter(|(_, c)| c.next_try <= now).collect();
+        // Each try is cut short so that the holding check below runs at least this often:
+        // a holder past its renew deadline then stops well before a follower may take over.
+        let limit = try_limit(&options);
         let tries = due.into_iter().map(|(key, campaign)| async move {
             let started = Instant::now();
-            let decision = campaign.elector.try_acquire_or_renew().await;
+            let decision = tokio::time::timeout(limit, campaign.elector.try_acquire_or_renew())
+                .await
+                .unwrap_or_else(|_| Decision::Wait { holder: String::new() });
             (key, campaign, started, decision)
         });
         let mut lost = Vec::new();
@@ -298,9 +305,17 @@ pub async fn run_announce_agent(
         if campaign.held_since_try.is_some() {
             debug!(service = %key, "releasing its Lease");
         }
-        campaign.elector.release().await;
+        let _ = tokio::time::timeout(options.renew_deadline, campaign.elector.release()).await;
     }
     Ok(())
+}
+
+/// How long one Lease try may take: half a retry period, and at most half the margin
+/// between the renew deadline and the lease duration (the time a holder has to notice it
+/// must stop before a follower may take over).
+fn try_limit(options: &AnnounceOptions) -> Duration {
+    let margin = options.lease_duration.saturating_sub(options.renew_deadline);
+    (options.retry_period / 2).min(margin / 2).max(Duration::from_millis(10))
 }
 
 fn announce(
@@ -393,6 +408,17 @@ mod tests {
         let mut s = service("Cluster", &["198.18.0.224"]);
         s.spec.as_mut().unwrap().load_balancer_class = Some("example.com/cloud".into());
         assert_eq!(candidacy(&s, &[], "node1"), None);
+    }
+
+    #[test]
+    fn a_try_ends_before_a_late_holding_check_could_overlap_a_takeover() {
+        let defaults = AnnounceOptions::new("node1");
+        assert_eq!(try_limit(&defaults), Duration::from_millis(250));
+        // The worst case: the last success started at 0, the next try hangs to its limit.
+        let stops_by = defaults.renew_deadline + try_limit(&defaults) + TICK;
+        assert!(stops_by < defaults.lease_duration, "{stops_by:?}");
+        let tight = AnnounceOptions { renew_deadline: Duration::from_millis(1900), ..defaults };
+        assert_eq!(try_limit(&tight), Duration::from_millis(50));
     }
 
     #[test]
