@@ -195,6 +195,23 @@ fn pools_from_the_crd_give_load_balancers_addresses_and_every_missing_address_na
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(pool_status(&client, "a-small")["used"], 2);
+    // An IPv6 /64 has more addresses than a status count carries: its size saturates.
+    create_pool(&client, "e-wide", json!({"blocks": [{"cidr": "2001:db8:200::/64"}], "namespaces": ["unused"]}))
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let status = pool_status(&client, "e-wide");
+        if status["conditions"][0]["reason"] == "Ready" {
+            assert_eq!(status["size"], svcplane_kube::load_balancer::MAX_STATUS_COUNT, "{status}");
+            break;
+        }
+        assert!(
+            started.elapsed() < WITHIN,
+            "e-wide has no status: {status}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // What the schema cannot check (start after stop) is the pool's InvalidSpec condition.
     create_pool(&client, "d-backwards", json!({"blocks": [{"start": "198.18.100.50", "stop": "198.18.100.40"}]}))
         .unwrap();

@@ -270,9 +270,17 @@ fn pool_status(use_: Option<&PoolUse>, invalid: Option<&String>, old: Option<&Va
         "conditions": [{
             "type": "Ready", "status": status, "reason": reason, "message": message, "lastTransitionTime": since,
         }],
-        "size": u64::try_from(size).unwrap_or(u64::MAX),
-        "used": u64::try_from(used).unwrap_or(u64::MAX),
+        "size": json_safe(size),
+        "used": json_safe(used),
     })
+}
+
+/// Counts above 2^53 - 1 saturate there: a merge patch carries numbers as JSON doubles, and
+/// the API server refuses a larger one for the schema's int64 (an IPv6 /64 has 2^64).
+pub const MAX_STATUS_COUNT: u64 = (1 << 53) - 1;
+
+fn json_safe(count: u128) -> u64 {
+    u64::try_from(count).unwrap_or(u64::MAX).min(MAX_STATUS_COUNT)
 }
 
 fn now_seconds() -> String {
