@@ -30,8 +30,9 @@ pub enum Command {
     /// Per-Service and per-endpoint connection counters from the kernel, busiest first,
     /// refreshing (needs the rights to read the mode's rules, usually root).
     Top(TopArgs),
-    /// The EndpointSlice controller: with `--kubeconfig`, against the API until SIGTERM /
-    /// SIGINT; with `--manifests`, print the slices and allocations it derives.
+    /// The EndpointSlice controller (and LoadBalancer addresses from pools): with
+    /// `--kubeconfig`, against the API until SIGTERM / SIGINT; with `--manifests`, print the
+    /// slices and allocations it derives.
     Controller(ControllerArgs),
     /// Serve the cluster zone (Kubernetes DNS specification 1.1.0) over UDP and TCP.
     Dns(DnsArgs),

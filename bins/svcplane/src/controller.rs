@@ -1,8 +1,9 @@
-//! `svcplane controller`: against the API, the EndpointSlice controller until SIGTERM /
+//! `svcplane controller`: against the API, the EndpointSlice controller (and with
+//! `--load-balancer-ipam` LoadBalancer address assignment beside it) until SIGTERM /
 //! SIGINT, by default only while it holds the leader election Lease (losing it exits 1, as
 //! kube-controller-manager does, so the replica restarts cleanly; SIGTERM releases it);
-//! over a manifests directory, the allocated Services and derived EndpointSlices printed as
-//! a YAML stream.
+//! over a manifests directory, the allocated Services (LoadBalancer addresses from the
+//! directory's pools included) and derived EndpointSlices printed as a YAML stream.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
