@@ -370,6 +370,7 @@ fn controller_input(loaded: &Loaded) -> svcplane_controller::ClusterObjects {
         pods: objects.pods.clone(),
         nodes: objects.nodes.clone(),
         slices: objects.slices.clone(),
+        pools: Vec::new(),
     }
 }
 
@@ -382,6 +383,7 @@ fn source_objects(
         pods: Vec::new(),
         nodes,
         slices: reconciled.slices,
+        pools: Vec::new(),
     }
 }
 
@@ -642,6 +644,7 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
             pods: objects.pods,
             nodes: objects.nodes,
             slices: objects.slices,
+            pools: Vec::new(),
         };
         let reconciled = reconcile(&input, &mut allocator);
         let t_reconcile = started.elapsed();

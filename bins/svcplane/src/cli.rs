@@ -30,11 +30,15 @@ pub enum Command {
     /// Per-Service and per-endpoint connection counters from the kernel, busiest first,
     /// refreshing (needs the rights to read the mode's rules, usually root).
     Top(TopArgs),
-    /// The EndpointSlice controller: with `--kubeconfig`, against the API until SIGTERM /
-    /// SIGINT; with `--manifests`, print the slices and allocations it derives.
+    /// The EndpointSlice controller (and LoadBalancer addresses from pools): with
+    /// `--kubeconfig`, against the API until SIGTERM / SIGINT; with `--manifests`, print the
+    /// slices and allocations it derives.
     Controller(ControllerArgs),
     /// Serve the cluster zone (Kubernetes DNS specification 1.1.0) over UDP and TCP.
     Dns(DnsArgs),
+    /// L2 announcement on this node: answer ARP / NDP for the LoadBalancer addresses whose
+    /// per-Service Lease this node holds (one agent per node, against the API).
+    Announce(AnnounceArgs),
     /// Remove everything svcplane programmed on this node.
     Cleanup(CleanupArgs),
     /// A sandbox of network namespaces showing real traffic through Services (needs root).
@@ -511,6 +515,12 @@ pub struct ControllerArgs {
     /// this controller owns (kube-controller-manager's is `endpointslice-controller.k8s.io`).
     #[arg(long, value_name = "VALUE", default_value = svcplane_controller::MANAGED_BY)]
     pub managed_by: String,
+    /// With `--kubeconfig`: also assign `type: LoadBalancer` addresses from
+    /// `LoadBalancerIPPool`s (the CRD in deploy/loadbalancer-pools.yaml) and write them to
+    /// `status.loadBalancer.ingress`. Off by default: it needs the CRD installed.
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub load_balancer_ipam: bool,
     /// With `--kubeconfig`: run only while holding the leader election Lease, so that of
     /// several replicas one writes (kube-controller-manager's flag). `--leader-elect=false`
     /// runs at once, alone.
@@ -536,6 +546,35 @@ pub struct ControllerArgs {
     /// printed on standard output as `metrics on ADDR:PORT`; an empty value serves none.
     #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:10268", value_parser = parse_optional_address)]
     pub metrics_bind_address: MetricsAddress,
+}
+
+/// `announce`.
+#[derive(Debug, Clone, Args)]
+pub struct AnnounceArgs {
+    /// A kubeconfig; in a Pod, without it, the in-cluster config is used.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name (Lease holder identity; local endpoints under
+    /// `externalTrafficPolicy: Local`). Default: the machine's hostname, lower-cased.
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// An interface on the LAN the addresses are announced on (repeatable).
+    #[arg(long = "interface", value_name = "NAME", required = true)]
+    pub interfaces: Vec<String>,
+    /// The namespace of the per-Service Leases.
+    #[arg(long, value_name = "NAMESPACE", default_value = "kube-system")]
+    pub lease_namespace: String,
+    /// How long other nodes wait after a Lease last changed before taking it over: the
+    /// failover time after a node dies is about this plus one retry period.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// How long a holder keeps announcing without a successful renewal (below the lease
+    /// duration, so two nodes never announce at once).
+    #[arg(long, value_name = "DURATION", default_value = "1500ms", value_parser = parse_duration)]
+    pub renew_deadline: Duration,
+    /// How often holders renew and other candidates try.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_duration)]
+    pub retry_period: Duration,
 }
 
 /// `--metrics-bind-address`: an address, or none when given empty.

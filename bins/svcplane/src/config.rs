@@ -1320,7 +1320,7 @@ fn not_applied(c: &KubeProxyConfiguration, mode: Mode) -> Vec<String> {
 }
 
 /// The machine's hostname, lower-cased (kube-proxy's node name without an override).
-fn machine_hostname() -> anyhow::Result<String> {
+pub(crate) fn machine_hostname() -> anyhow::Result<String> {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .context("reading /proc/sys/kernel/hostname")?
         .trim()

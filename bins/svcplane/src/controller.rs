@@ -1,8 +1,9 @@
-//! `svcplane controller`: against the API, the EndpointSlice controller until SIGTERM /
+//! `svcplane controller`: against the API, the EndpointSlice controller (and with
+//! `--load-balancer-ipam` LoadBalancer address assignment beside it) until SIGTERM /
 //! SIGINT, by default only while it holds the leader election Lease (losing it exits 1, as
 //! kube-controller-manager does, so the replica restarts cleanly; SIGTERM releases it);
-//! over a manifests directory, the allocated Services and derived EndpointSlices printed as
-//! a YAML stream.
+//! over a manifests directory, the allocated Services (LoadBalancer addresses from the
+//! directory's pools included) and derived EndpointSlices printed as a YAML stream.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -10,8 +11,9 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context;
 use svcplane_controller::Allocator;
 use svcplane_kube::ClusterAccess;
-use svcplane_kube::controller::{ControllerMetrics, ControllerOptions, run_controller_with_metrics};
+use svcplane_kube::controller::{ControllerMetrics, ControllerOptions};
 use svcplane_kube::lease::{LeaderElector, LeaseConfig, default_identity, run_while_leading};
+use svcplane_kube::load_balancer::run_controllers;
 use svcplane_source::load_directory;
 use tracing::{info, warn};
 
@@ -44,6 +46,7 @@ fn run_against_api(args: &ControllerArgs, access: ClusterAccess) -> anyhow::Resu
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing the signal handler")?;
     }
     let options = ControllerOptions { managed_by: args.managed_by.clone(), ..ControllerOptions::default() };
+    let lb_ipam = args.load_balancer_ipam;
     let metrics = Arc::new(ControllerMetrics::new());
     let _metrics_server = if let Some(address) = args.metrics_bind_address.0 {
         let metrics = Arc::clone(&metrics);
@@ -61,7 +64,7 @@ fn run_against_api(args: &ControllerArgs, access: ClusterAccess) -> anyhow::Resu
         let client = access.client().await?;
         let Some(lease) = lease else {
             info!(%access, managed_by = %options.managed_by, "running the EndpointSlice controller (no leader election)");
-            run_controller_with_metrics(client, options, stop, metrics).await?;
+            run_controllers(client, options, stop, metrics, lb_ipam).await?;
             info!("stopped");
             return anyhow::Ok(());
         };
@@ -71,7 +74,7 @@ fn run_against_api(args: &ControllerArgs, access: ClusterAccess) -> anyhow::Resu
         let controller_stop = Arc::clone(&stop);
         let led = run_while_leading(&mut elector, Arc::clone(&stop), move || {
             info!(%access, managed_by = %options.managed_by, "leading: running the EndpointSlice controller");
-            run_controller_with_metrics(client, options, controller_stop, metrics)
+            run_controllers(client, options, controller_stop, metrics, lb_ipam)
         })
         .await?;
         if let Some(result) = led {
@@ -95,6 +98,9 @@ fn print_for_manifests(args: &ControllerArgs, dir: std::path::PathBuf) -> anyhow
     let reconciled = svcplane_controller::reconcile(&loaded.objects, &mut allocator);
     for error in &reconciled.errors {
         warn!("{error}");
+    }
+    for problem in &reconciled.load_balancer_problems {
+        warn!("{problem}");
     }
     let mut documents = Vec::new();
     for service in &reconciled.services {

@@ -1,5 +1,6 @@
 //! `svcplane`: one binary, subcommands. Wiring only: every decision lives in the crates.
 
+mod announce;
 mod cli;
 mod config;
 mod controller;
@@ -43,6 +44,7 @@ fn main() -> ExitCode {
         Command::Top(args) => top::run(&args),
         Command::Controller(args) => controller::run(&args),
         Command::Dns(args) => dns::run(&args),
+        Command::Announce(args) => announce::run(&args),
         Command::Cleanup(args) => proxy::cleanup(&args),
         Command::Lab(args) => lab::run(&args),
         Command::Echo(args) => lab::echo(&args),

@@ -17,6 +17,7 @@ const ALLOWED: &[(&str, &[&str], &str)] = &[
     ("conntrack", &["net"], "a mechanism knows nothing of Services"),
     ("bpf", &["net"], "a mechanism knows nothing of Services"),
     ("ipvs", &["net"], "a mechanism knows nothing of Services"),
+    ("announce", &["net"], "a mechanism knows nothing of Services"),
     ("backend-nftables", &["core", "net", "nft"], "a mode spells the plan through one mechanism"),
     ("backend-iptables", &["core", "net", "iptables"], "a mode spells the plan through one mechanism"),
     ("backend-ebpf", &["core", "net", "bpf"], "a mode spells the plan through one mechanism"),

@@ -56,6 +56,7 @@ use serde::{Deserialize, Serialize};
 use self::pools::{IpPool, PortPool};
 use crate::error::{ConfigError, ControllerError, Reason, RecordError};
 use crate::ip_family::IpFamily;
+use crate::load_balancer::LbAllocator;
 use crate::object_key::ObjectKey;
 use crate::stable_hash::stable_hash;
 use svcplane_net::Protocol;
@@ -226,6 +227,9 @@ pub struct Allocator {
     pools: Vec<IpPool>,
     ports: PortPool,
     held: BTreeMap<ObjectKey, ServiceAllocation>,
+    /// LoadBalancer addresses from pools (manifests mode), kept here so they stay put
+    /// between reconciles like everything else this allocator gives.
+    pub(crate) load_balancer: LbAllocator,
 }
 
 impl Allocator {
@@ -243,7 +247,7 @@ impl Allocator {
         }
         let pools = config.service_cidrs.iter().map(|&cidr| IpPool::new(cidr)).collect::<Result<_, _>>()?;
         let ports = PortPool::new(config.node_port_range);
-        Ok(Self { config, pools, ports, held: BTreeMap::new() })
+        Ok(Self { config, pools, ports, held: BTreeMap::new(), load_balancer: LbAllocator::new() })
     }
 
     pub fn config(&self) -> &AllocatorConfig {

@@ -29,6 +29,7 @@
 pub mod allocation;
 mod error;
 mod ip_family;
+pub mod load_balancer;
 mod object_key;
 mod reconcile;
 pub mod slices;
@@ -42,6 +43,7 @@ pub use allocation::{
 };
 pub use error::{ConfigError, ControllerError, Reason, RecordError};
 pub use ip_family::IpFamily;
+pub use load_balancer::{LbAllocator, LbAssignment, LbOutcome, LbProblem, LbReason, Pool, PoolError, PoolUse};
 pub use object_key::ObjectKey;
 pub use reconcile::{ClusterObjects, Reconciled, reconcile};
 pub use slices::{

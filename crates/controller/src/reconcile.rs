@@ -5,6 +5,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::allocation::Allocator;
 use crate::error::ControllerError;
+use crate::load_balancer::{LoadBalancerIPPool, assign_in_place};
 use crate::slices::{LABEL_MANAGED_BY, MANAGED_BY, SlicePlanner};
 
 /// Everything parsed from the manifests directory.
@@ -15,6 +16,8 @@ pub struct ClusterObjects {
     pub nodes: Vec<Node>,
     /// EndpointSlices written by hand (for Services without a selector, or extra endpoints).
     pub slices: Vec<EndpointSlice>,
+    /// LoadBalancer address pools (`LoadBalancerIPPool`, `svcplane.io/v1alpha1`).
+    pub pools: Vec<LoadBalancerIPPool>,
 }
 
 /// What the dataplane should see.
@@ -29,6 +32,9 @@ pub struct Reconciled {
     pub errors: Vec<ControllerError>,
     /// The allocator's state changed: save [`Allocator::record`] now.
     pub allocations_changed: bool,
+    /// Unusable pools and LoadBalancer Services without the address they want, one message
+    /// each (the Services are kept, without that address).
+    pub load_balancer_problems: Vec<String>,
 }
 
 /// Allocates cluster IPs and node ports for `input.services`, plans the EndpointSlices of
@@ -52,6 +58,10 @@ pub fn reconcile(input: &ClusterObjects, allocator: &mut Allocator) -> Reconcile
         }
     }
     reconciled.slices.extend(input.slices.iter().filter(|slice| !is_ours(slice)).cloned());
+    if !input.pools.is_empty() {
+        reconciled.load_balancer_problems =
+            assign_in_place(&input.pools, &mut reconciled.services, &mut allocator.load_balancer);
+    }
     for error in &reconciled.errors {
         tracing::warn!(%error, "leaving the Service out");
     }

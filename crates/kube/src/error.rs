@@ -39,4 +39,7 @@ pub enum KubeError {
         #[source]
         source: kube::Error,
     },
+    /// Settings that cannot work (the message names the flag).
+    #[error("{0}")]
+    Config(String),
 }

@@ -17,16 +17,27 @@
 //! - [`lease`]: leader election through a `coordination.k8s.io/v1` Lease (client-go's
 //!   semantics), so that of several controller replicas only one writes.
 //!
+//! - [`load_balancer`]: LoadBalancer addresses from `LoadBalancerIPPool`s (assigned by
+//!   `svcplane-controller`'s allocator), written to Service status with a condition naming
+//!   any cause of a missing address.
+//!
+//! - [`announce`]: which node announces each LoadBalancer Service's addresses on the LAN,
+//!   decided with one Lease per Service (candidates: every node, or under
+//!   `externalTrafficPolicy: Local` the nodes with a ready local endpoint).
+//!
 //! What it deliberately does not do: no Service policy (that is `svcplane-core`), no
 //! conversion rules of its own (`svcplane-source` has them), no ClusterIP or NodePort
-//! allocation (the API server does that), and no writes besides EndpointSlices and the
-//! controller's leader election Lease.
+//! allocation (the API server does that), and no writes besides EndpointSlices, the
+//! controller's leader election Lease, LoadBalancer Service / pool status and their Events, and the
+//! per-Service L2 announcement Leases.
 
 mod access;
+pub mod announce;
 pub mod controller;
 mod error;
 pub mod feed;
 pub mod lease;
+pub mod load_balancer;
 mod mirror;
 mod source;
 

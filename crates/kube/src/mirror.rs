@@ -53,6 +53,7 @@ impl ObjectMirror {
             pods: Vec::new(),
             nodes: self.nodes.values().cloned().collect(),
             slices: self.slices.values().cloned().collect(),
+            pools: Vec::new(),
         }
     }
 

@@ -113,6 +113,7 @@ impl ManifestsFeed {
                 pods: Vec::new(),
                 nodes: objects.nodes,
                 slices: reconciled.slices,
+                pools: Vec::new(),
             },
             &origins,
         );
@@ -133,6 +134,7 @@ impl ManifestsFeed {
                 pods: objects.pods,
                 nodes: Vec::new(),
                 slices: reconciled.slices,
+                pools: Vec::new(),
             },
             &origins,
         );
@@ -217,6 +219,7 @@ impl ManifestsFeed {
                 None => problems.push(error.to_string()),
             }
         }
+        problems.extend(reconciled.load_balancer_problems.iter().cloned());
         if reconciled.allocations_changed && self.settings.saves_allocations {
             self.save_allocations();
         }

@@ -7,7 +7,8 @@
 //! either may hold a `List` (`kind: List`, or `ServiceList` and friends, whose items may then
 //! omit `apiVersion` and `kind`).
 //!
-//! Services, Pods and Nodes (`v1`) and EndpointSlices (`discovery.k8s.io/v1`) are kept;
+//! Services, Pods and Nodes (`v1`), EndpointSlices (`discovery.k8s.io/v1`) and
+//! LoadBalancer address pools (`LoadBalancerIPPool`, `svcplane.io/v1alpha1`) are kept;
 //! every other kind is ignored. A broken document is reported once, with its file, line and
 //! field where known, and everything else still loads. When two documents define the same
 //! object, the first in path order wins and the second is reported.
@@ -29,6 +30,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use svcplane_controller::load_balancer::LoadBalancerIPPool;
 use tracing::debug;
 
 /// The namespace of a namespaced object whose manifest does not name one.
@@ -50,6 +52,8 @@ pub enum ObjectKind {
     Pod,
     Node,
     EndpointSlice,
+    /// `svcplane.io/v1alpha1`: LoadBalancer address pools.
+    LoadBalancerIPPool,
 }
 
 impl ObjectKind {
@@ -59,6 +63,7 @@ impl ObjectKind {
             ObjectKind::Pod => "Pod",
             ObjectKind::Node => "Node",
             ObjectKind::EndpointSlice => "EndpointSlice",
+            ObjectKind::LoadBalancerIPPool => "LoadBalancerIPPool",
         }
     }
 
@@ -67,12 +72,13 @@ impl ObjectKind {
         match self {
             ObjectKind::Service | ObjectKind::Pod | ObjectKind::Node => "v1",
             ObjectKind::EndpointSlice => "discovery.k8s.io/v1",
+            ObjectKind::LoadBalancerIPPool => "svcplane.io/v1alpha1",
         }
     }
 
-    /// Nodes are cluster-scoped; the other kinds live in a namespace.
+    /// Nodes and pools are cluster-scoped; the other kinds live in a namespace.
     pub fn is_namespaced(self) -> bool {
-        self != ObjectKind::Node
+        !matches!(self, ObjectKind::Node | ObjectKind::LoadBalancerIPPool)
     }
 
     fn from_type_meta(api_version: &str, kind: &str) -> Option<Self> {
@@ -81,6 +87,7 @@ impl ObjectKind {
             "Pod" => ObjectKind::Pod,
             "Node" => ObjectKind::Node,
             "EndpointSlice" => ObjectKind::EndpointSlice,
+            "LoadBalancerIPPool" => ObjectKind::LoadBalancerIPPool,
             _ => return None,
         };
         (kind.api_version() == api_version).then_some(kind)
@@ -431,6 +438,7 @@ enum AnyObject {
     Pod(Box<Pod>),
     Node(Box<Node>),
     Slice(Box<EndpointSlice>),
+    Pool(Box<LoadBalancerIPPool>),
 }
 
 impl AnyObject {
@@ -440,6 +448,7 @@ impl AnyObject {
             AnyObject::Pod(_) => ObjectKind::Pod,
             AnyObject::Node(_) => ObjectKind::Node,
             AnyObject::Slice(_) => ObjectKind::EndpointSlice,
+            AnyObject::Pool(_) => ObjectKind::LoadBalancerIPPool,
         }
     }
 
@@ -449,6 +458,7 @@ impl AnyObject {
             AnyObject::Pod(o) => &o.metadata,
             AnyObject::Node(o) => &o.metadata,
             AnyObject::Slice(o) => &o.metadata,
+            AnyObject::Pool(o) => &o.metadata,
         }
     }
 
@@ -458,6 +468,7 @@ impl AnyObject {
             AnyObject::Pod(o) => &mut o.metadata,
             AnyObject::Node(o) => &mut o.metadata,
             AnyObject::Slice(o) => &mut o.metadata,
+            AnyObject::Pool(o) => &mut o.metadata,
         }
     }
 
@@ -509,6 +520,7 @@ impl Assembler {
             AnyObject::Pod(o) => objects.pods.push(*o),
             AnyObject::Node(o) => objects.nodes.push(*o),
             AnyObject::Slice(o) => objects.slices.push(*o),
+            AnyObject::Pool(o) => objects.pools.push(*o),
         }
     }
 
@@ -901,6 +913,7 @@ fn parse_yaml_document(file: &Arc<Path>, document: &Document<'_>, index: Option<
                 ObjectKind::Pod => parse_yaml(text).map(|o| AnyObject::Pod(Box::new(o))),
                 ObjectKind::Node => parse_yaml(text).map(|o| AnyObject::Node(Box::new(o))),
                 ObjectKind::EndpointSlice => parse_yaml(text).map(|o| AnyObject::Slice(Box::new(o))),
+                ObjectKind::LoadBalancerIPPool => parse_yaml(text).map(|o| AnyObject::Pool(Box::new(o))),
             };
             match decoded {
                 Ok(object) => accept(object, position, out),
@@ -980,6 +993,7 @@ fn parse_value(value: Value, default_kind: Option<ObjectKind>, position: Positio
                 ObjectKind::Pod => decode_value(value).map(|o| AnyObject::Pod(Box::new(o))),
                 ObjectKind::Node => decode_value(value).map(|o| AnyObject::Node(Box::new(o))),
                 ObjectKind::EndpointSlice => decode_value(value).map(|o| AnyObject::Slice(Box::new(o))),
+                ObjectKind::LoadBalancerIPPool => decode_value(value).map(|o| AnyObject::Pool(Box::new(o))),
             };
             match decoded {
                 Ok(object) => accept(object, position, out),

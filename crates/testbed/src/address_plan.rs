@@ -26,6 +26,13 @@ pub const LOAD_BALANCER_V4: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(198, 18,
 /// LoadBalancer and external IPs, IPv6.
 pub const LOAD_BALANCER_V6: Ipv6Net = Ipv6Net::new_assert(Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 0), 64);
 
+/// LoadBalancer addresses announced on the LAN by ARP / NDP (L2 announcement): inside the
+/// node network, so an external client on the LAN reaches them with no route to any node;
+/// above every client address (`MAX_CLIENTS` keeps clients below it).
+pub const LAN_LOAD_BALANCER_V4: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(198, 18, 0, 224), 28);
+/// L2-announced LoadBalancer addresses, IPv6 (inside the node network's /64).
+pub const LAN_LOAD_BALANCER_V6: Ipv6Net = Ipv6Net::new_assert(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0x224, 0), 124);
+
 /// Every range of the plan. The lab refuses to route anything else.
 pub const LAB_RANGES: [IpNet; 8] = [
     IpNet::V4(LAN_V4),
@@ -47,8 +54,9 @@ pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 pub const MAX_NODES: u16 = 89;
 /// Highest pod number on one node (`198.18.(128+N).k`, `k` in `1..=253`).
 pub const MAX_PODS_PER_NODE: u16 = 253;
-/// Highest external client number (`198.18.0.(100+k)`).
-pub const MAX_CLIENTS: u16 = 154;
+/// Highest external client number (`198.18.0.(100+k)`): clients stay below the
+/// L2-announced LoadBalancer range `198.18.0.224/28`.
+pub const MAX_CLIENTS: u16 = 119;
 
 /// Reads the decimal spelling of `n` as hex digits (`11` -> `0x11`), for IPv6 groups.
 fn decimal_as_hex(n: u16) -> u16 {
@@ -141,7 +149,10 @@ mod tests {
         assert!(LAN_V4.contains(&node_ip_v4(MAX_NODES)));
         assert!(node_ip_v4(MAX_NODES) < client_ip_v4(1));
         assert!(LAN_V4.contains(&client_ip_v4(MAX_CLIENTS)));
-        assert_eq!(client_ip_v4(MAX_CLIENTS).octets()[3], 254);
+        assert_eq!(client_ip_v4(MAX_CLIENTS).octets()[3], 219);
+        assert!(client_ip_v4(MAX_CLIENTS) < LAN_LOAD_BALANCER_V4.network());
+        assert!(LAN_V4.contains(&LAN_LOAD_BALANCER_V4.broadcast()) && LAN_V6.contains(&LAN_LOAD_BALANCER_V6.network()));
+        assert!(!LAN_LOAD_BALANCER_V6.contains(&client_ip_v6(MAX_CLIENTS)));
         assert!(POD_V4.contains(&pod_cidr_v4(MAX_NODES)));
         assert!(POD_V6.contains(&pod_cidr_v6(MAX_NODES)));
         assert!(pod_cidr_v4(3).contains(&pod_ip_v4(3, MAX_PODS_PER_NODE)));

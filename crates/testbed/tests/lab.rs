@@ -309,7 +309,7 @@ fn a_lab_layout_outside_the_address_plan_is_refused_before_anything_is_created()
         Lab::builder().nodes(1).pod(2, "nowhere"),
         Lab::builder().nodes(1).pod(1, "Upper"),
         Lab::builder().nodes(1).pods_per_node(1).pod(1, "node1-pod1"),
-        Lab::builder().clients(155),
+        Lab::builder().clients(120),
     ] {
         let result = builder.clone().build();
         assert!(matches!(result, Err(LabError::InvalidLayout { .. })), "{builder:?}: {result:?}");

@@ -192,3 +192,47 @@ pub fn log_tail(path: &std::path::Path) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
+
+/// Applies deploy/loadbalancer-pools.yaml (CRD and RBAC) and waits until the CRD is served.
+pub fn install_pool_crd(client: &NetnsClient) {
+    for document in deploy::manifest_documents("loadbalancer-pools.yaml") {
+        let kube = client.client();
+        let what = format!("{} {}", document["kind"], document["metadata"]["name"]);
+        client
+            .run(async move { deploy::apply_strict(kube, document).await })
+            .unwrap_or_else(|e| panic!("applying {what}: {e}"));
+    }
+    // The CRD is served once discovery knows it.
+    let started = Instant::now();
+    loop {
+        let kube = client.client();
+        let listed = client.run(async move {
+            kube::api::Api::<kube::api::DynamicObject>::all_with(kube, &svcplane_kube::load_balancer::pool_resource())
+                .list(&Default::default())
+                .await
+        });
+        if listed.is_ok() {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the LoadBalancerIPPool CRD is not served: {listed:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Creates a `LoadBalancerIPPool`.
+pub fn create_pool(
+    client: &NetnsClient,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<kube::api::DynamicObject, kube::Error> {
+    let resource = svcplane_kube::load_balancer::pool_resource();
+    let object: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "svcplane.io/v1alpha1", "kind": "LoadBalancerIPPool",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap();
+    let kube = client.client();
+    client.run(async move {
+        kube::api::Api::<kube::api::DynamicObject>::all_with(kube, &resource).create(&Default::default(), &object).await
+    })
+}

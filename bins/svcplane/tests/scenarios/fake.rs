@@ -134,6 +134,7 @@ impl<M: FakeMode> FakeCluster<M> {
                 pods: Vec::new(),
                 nodes: loaded.objects.nodes,
                 slices: reconciled.slices,
+                pools: Vec::new(),
             },
             &loaded.origins,
         );

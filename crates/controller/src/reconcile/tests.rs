@@ -40,6 +40,7 @@ fn reconcile_fills_allocations_and_plans_slices_from_the_filled_services() {
         ],
         nodes: vec![node("node-a", "zone-1")],
         slices: vec![],
+        pools: Vec::new(),
     };
     let reconciled = reconcile(&input, &mut allocator);
     assert_eq!(reconciled.errors, []);
