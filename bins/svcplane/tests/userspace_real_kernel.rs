@@ -340,7 +340,8 @@ fn a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(damage
     for command in damage {
         lab.exec_ok(&node, command).unwrap_or_else(|e| panic!("{command:?}: {e}"));
     }
-    assert!(lab.tcp_request(&node, target, Duration::from_millis(300)).is_err(), "the damage broke the ClusterIP");
+    let broken = lab.tcp_request(&node, target, Duration::from_millis(300));
+    assert!(broken.is_err(), "the damage broke the ClusterIP: {broken:?}\n{}", cluster.proxy_log(THIS_NODE));
     let repaired = eventually(WITHIN, || lab.tcp_request(&node, target, Duration::from_millis(300)).ok());
     let Some((reply, took)) = repaired else {
         panic!("the ClusterIP did not answer again within {WITHIN:?}\n{}", cluster.diagnostics());
@@ -446,5 +447,103 @@ fn a_connect_to_a_dead_endpoint_is_retried_on_a_live_one_and_the_client_sees_no_
     let exhausted =
         cluster.proxy_metric(THIS_NODE, "svcplane_userspace_refused_total{reason=\"all_endpoints_failed\"}");
     assert_eq!(exhausted, Some(0.0), "no client was failed");
+    cluster.teardown();
+}
+
+/// The relay's listeners on `node`'s primary IPv4 address, from `ss` (the health-check
+/// servers listen on the wildcard address, so they are not among them).
+fn relay_listener_ports(cluster: &Cluster, node: u16) -> Vec<u16> {
+    let lab = cluster.lab();
+    let listening = lab.exec_ok(lab.node(node).namespace_name(), &["ss", "-ltnH"]).expect("ss -ltn");
+    let prefix = format!("{}:", lab.node(node).ips()[0]);
+    let mut ports: Vec<u16> = listening
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(3)?.strip_prefix(prefix.as_str())?.parse().ok())
+        .collect();
+    ports.sort_unstable();
+    ports
+}
+
+#[test]
+fn a_client_cannot_reach_a_relay_listener_except_through_a_service_address() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_client_cannot_reach_a_relay_listener_except_through_a_service_address",
+    ) {
+        return;
+    }
+    let cluster = Cluster::start(USERSPACE);
+    let lab = cluster.lab();
+    let ports = relay_listener_ports(&cluster, THIS_NODE);
+    assert!(ports.len() >= 5, "the relay listens for the fixture's Services: {ports:?}");
+    let node_ip = lab.node(THIS_NODE).ips()[0];
+    let outside = lab.client(scenarios::manifests::CLIENT_OUTSIDE_RANGES).namespace_name().to_owned();
+    // Through the Service the relay answers (so the listeners are live) ...
+    let echo = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
+    lab.tcp_request(&outside, echo, PROBE_TIMEOUT).expect("the echo ClusterIP from outside, through the relay");
+    // ... but straight at a listener, from outside, from a pod or from the node, nobody does.
+    let senders = [outside, lab.pod(POD_ON_THIS_NODE).namespace_name().to_owned()];
+    for port in ports.iter().take(5) {
+        for sender in &senders {
+            let direct = std::net::SocketAddr::new(node_ip, *port);
+            let probe = lab.tcp_request(sender, direct, Duration::from_millis(300));
+            assert!(probe.is_err(), "{sender} reached the relay's listener {direct} directly: {probe:?}");
+        }
+    }
+    cluster.teardown();
+}
+
+const USERSPACE_THREE_CONNECTIONS: Backend =
+    Backend { proxy_args: &["--mode", "userspace", "--userspace-max-connections", "3"], ..USERSPACE };
+
+#[test]
+fn a_full_connection_table_refuses_a_new_client_at_once_and_counts_it() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_full_connection_table_refuses_a_new_client_at_once_and_counts_it",
+    ) {
+        return;
+    }
+    let cluster = Cluster::start(USERSPACE_THREE_CONNECTIONS);
+    let lab = cluster.lab();
+    let target = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
+    let client = lab.pod(POD_ON_THIS_NODE).namespace_name();
+    let connect = || {
+        lab.run_in(client, || std::net::TcpStream::connect_timeout(&target, PROBE_TIMEOUT))
+            .expect("the client's namespace")
+            .expect("the kernel completes the handshake for the relay")
+    };
+    // Three connections held open, silent: the table of the echo port is full.
+    let mut held: Vec<std::net::TcpStream> = (0..3).map(|_| connect()).collect();
+    let full = eventually(Duration::from_secs(5), || {
+        let active = cluster.proxy_metric(THIS_NODE, "svcplane_userspace_active_connections")?;
+        (active >= 3.0).then_some(active)
+    });
+    assert!(full.is_some(), "the relay took the three connections\n{}", cluster.diagnostics());
+
+    // The fourth is refused at once: a reset, not a wait (the kernel completes the
+    // handshake, so the reset may come before connect() returns, or at the first read).
+    let started = std::time::Instant::now();
+    let read = lab
+        .run_in(client, || std::net::TcpStream::connect_timeout(&target, PROBE_TIMEOUT))
+        .expect("the client's namespace")
+        .and_then(|mut fourth| {
+            fourth.set_read_timeout(Some(Duration::from_secs(5)))?;
+            std::io::Read::read(&mut fourth, &mut [0u8; 1])
+        });
+    let took = started.elapsed();
+    assert!(
+        matches!(&read, Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset),
+        "the fourth client sees a reset: {read:?}"
+    );
+    assert!(took < Duration::from_secs(1), "refused at once, not after {took:?}");
+    let refused = cluster.proxy_metric(THIS_NODE, "svcplane_userspace_refused_total{reason=\"max_connections\"}");
+    assert!(refused >= Some(1.0), "the refusal is counted: {refused:?}");
+    let log = cluster.proxy_log(THIS_NODE);
+    assert!(log.contains("connection table of default/echo") && log.contains("is full"), "and logged:\n{log}");
+
+    // One held connection ends: a new client is served again.
+    drop(held.pop());
+    let served = eventually(Duration::from_secs(5), || lab.tcp_request(client, target, PROBE_TIMEOUT).ok());
+    assert!(served.is_some(), "a slot came back when a connection ended\n{}", cluster.diagnostics());
+    drop(held);
     cluster.teardown();
 }

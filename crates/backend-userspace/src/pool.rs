@@ -48,6 +48,15 @@ pub struct Pool {
     last_full_warning: AtomicU64,
 }
 
+/// Why a new connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The service port holds `max_connections` already.
+    Full,
+    /// The relay holds all the descriptors it may.
+    NoDescriptors,
+}
+
 fn index(set: EndpointSetKind) -> usize {
     match set {
         EndpointSetKind::Cluster => 0,
@@ -55,14 +64,19 @@ fn index(set: EndpointSetKind) -> usize {
     }
 }
 
-/// A slot in a pool's table of open connections, given back on drop.
+/// A slot in a pool's table of open connections with the descriptors it may use, given
+/// back on drop.
 #[derive(Debug)]
-pub struct Slot(Arc<Pool>);
+pub struct Slot {
+    pool: Arc<Pool>,
+    descriptors: u64,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
-        self.0.stats.active.fetch_sub(1, Ordering::Relaxed);
+        self.pool.active.fetch_sub(1, Ordering::Relaxed);
+        self.pool.stats.active.fetch_sub(1, Ordering::Relaxed);
+        self.pool.stats.fds_held.fetch_sub(self.descriptors, Ordering::Relaxed);
     }
 }
 
@@ -117,30 +131,45 @@ impl Pool {
         self.serving.subscribe()
     }
 
-    /// A slot for one more connection, or `None` when the port's table is full.
-    pub fn admit(self: &Arc<Self>) -> Option<Slot> {
+    /// A slot for one more connection that holds `descriptors` file descriptors, or why
+    /// not: the port's table is full, or the relay's descriptors are all in use. Either is
+    /// counted and logged (at most once a second), and the caller refuses the client at once.
+    pub fn admit(self: &Arc<Self>, descriptors: u64) -> Result<Slot, Refused> {
+        let budget = self.stats.fd_budget.load(Ordering::Relaxed);
+        let held = self.stats.fds_held.fetch_add(descriptors, Ordering::Relaxed);
+        if held + descriptors > budget {
+            self.stats.fds_held.fetch_sub(descriptors, Ordering::Relaxed);
+            self.stats.refused_no_fds.fetch_add(1, Ordering::Relaxed);
+            self.warn_once_a_second(&format!(
+                "the relay holds {held} file descriptors, all it may (RLIMIT_NOFILE less a reserve): \
+                 a new connection to {} is refused",
+                self.name
+            ));
+            return Err(Refused::NoDescriptors);
+        }
         let admitted = self
             .active
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < self.max_active).then_some(n + 1))
             .is_ok();
         if !admitted {
+            self.stats.fds_held.fetch_sub(descriptors, Ordering::Relaxed);
             self.stats.refused_full.fetch_add(1, Ordering::Relaxed);
-            let now = self.stats.uptime_secs();
-            let last = self.last_full_warning.swap(now, Ordering::Relaxed);
-            if last != now {
-                tracing::warn!(
-                    service_port = %self.name,
-                    limit = self.max_active,
-                    "the relay's connection table of {} is full ({} open, --userspace-max-connections): \
-                     new connections are refused until some end",
-                    self.name,
-                    self.max_active,
-                );
-            }
-            return None;
+            self.warn_once_a_second(&format!(
+                "the relay's connection table of {} is full ({} open, --userspace-max-connections): new \
+                 connections are refused until some end",
+                self.name, self.max_active
+            ));
+            return Err(Refused::Full);
         }
         self.stats.active.fetch_add(1, Ordering::Relaxed);
-        Some(Slot(self.clone()))
+        Ok(Slot { pool: self.clone(), descriptors })
+    }
+
+    fn warn_once_a_second(&self, message: &str) {
+        let now = self.stats.uptime_secs() + 1;
+        if self.last_full_warning.swap(now, Ordering::Relaxed) != now {
+            tracing::warn!(service_port = %self.name, "{message}");
+        }
     }
 
     pub fn active(&self) -> usize {
@@ -288,12 +317,25 @@ mod tests {
     #[test]
     fn a_full_table_refuses_and_counts_until_a_slot_is_given_back() {
         let pool = pool();
-        let a = pool.admit().expect("first");
-        let _b = pool.admit().expect("second");
-        assert!(pool.admit().is_none());
+        let a = pool.admit(2).expect("first");
+        let _b = pool.admit(2).expect("second");
+        assert_eq!(pool.admit(2).unwrap_err(), Refused::Full);
         assert_eq!(pool.stats.refused_full.load(Ordering::Relaxed), 1);
+        assert_eq!(pool.stats.fds_held.load(Ordering::Relaxed), 4);
         drop(a);
-        assert!(pool.admit().is_some());
+        assert!(pool.admit(2).is_ok());
+    }
+
+    #[test]
+    fn a_connection_that_would_exceed_the_descriptor_budget_is_refused_and_counted() {
+        let pool = Arc::new(Pool::new("default/web:http".into(), 100, Arc::new(Stats::default())));
+        pool.stats.fd_budget.store(5, Ordering::Relaxed);
+        let _a = pool.admit(2).expect("2 of 5");
+        let _b = pool.admit(2).expect("4 of 5");
+        assert_eq!(pool.admit(2).unwrap_err(), Refused::NoDescriptors);
+        assert_eq!(pool.stats.refused_no_fds.load(Ordering::Relaxed), 1);
+        assert_eq!(pool.active(), 2);
+        let _c = pool.admit(1).expect("a UDP session still fits");
     }
 
     #[test]

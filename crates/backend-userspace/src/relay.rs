@@ -45,7 +45,8 @@ pub fn port_label(plan: &ServicePortPlan) -> String {
 
 impl Relay {
     pub fn start(options: Options, stats: Arc<Stats>) -> io::Result<Self> {
-        raise_fd_limit();
+        let limit = raise_fd_limit();
+        stats.fd_budget.store(limit.saturating_sub(FD_RESERVE), std::sync::atomic::Ordering::Relaxed);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(options.threads.max(1))
             .thread_name("svcplane-relay")
@@ -173,13 +174,21 @@ impl Drop for Relay {
     }
 }
 
-/// Up to the hard limit: each relayed TCP connection holds two sockets and two pipes.
-fn raise_fd_limit() {
+/// Descriptors kept out of the connections' budget: listeners, the idle pipes, netlink,
+/// the ops servers, the manifests watcher.
+pub const FD_RESERVE: u64 = 384;
+
+/// Raises the soft limit to the hard one (each relayed TCP connection holds two sockets);
+/// returns the limit in effect.
+fn raise_fd_limit() -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
-        && soft < hard
-        && let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
-    {
-        tracing::warn!("raising the file descriptor limit from {soft} to {hard}: {error}");
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return 1024 };
+    if soft < hard {
+        if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            tracing::warn!("raising the file descriptor limit from {soft} to {hard}: {error}");
+            return soft;
+        }
+        tracing::info!("file descriptor limit raised from {soft} to {hard}");
     }
+    hard.max(soft)
 }

@@ -35,6 +35,12 @@ const FIREWALL_IPS: &str = "firewall-ips";
 const NODEPORT_ADDRESSES: &str = "nodeport-addresses";
 const REJECT_WITH_RESET: &str = "reject-with-reset";
 const REJECT_WITH_ICMP: &str = "reject-with-icmp";
+/// The set of the relay's listeners (node address, protocol, port): reached only through
+/// a route's DNAT, which marks the packet; anything else sent there is dropped, so nobody
+/// bypasses source ranges or traffic policies by connecting to a listener directly.
+const RELAY_LISTENERS: &str = "relay-listeners";
+/// The packet mark bit a route sets before its DNAT to a listener.
+pub const RELAYED_MARK: u32 = 0x0001_0000;
 /// A chain the base chains always hold a rule in: what the drift check counts.
 pub const DRIFT_CHAIN: &str = "nat-prerouting";
 
@@ -141,6 +147,14 @@ fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
     ops.push(map(NO_ENDPOINT_NODEPORTS, vec![DataType::InetProto, DataType::InetService]));
     ops.push(map(FIREWALL_IPS, vec![addr, DataType::InetProto, DataType::InetService]));
     ops.push(Operation::AddSet(Set {
+        name: RELAY_LISTENERS.to_owned(),
+        key: vec![addr, DataType::InetProto, DataType::InetService],
+        value: None,
+        interval: false,
+        dynamic_timeout: None,
+        comment: None,
+    }));
+    ops.push(Operation::AddSet(Set {
         name: NODEPORT_ADDRESSES.to_owned(),
         key: vec![addr],
         value: None,
@@ -179,6 +193,15 @@ fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
     ops.push(rule("nat-output", vec![jump("services")]));
     ops.push(rule("filter-prerouting-pre-dnat", vec![new(), jump("firewall-check")]));
     ops.push(rule("filter-output-pre-dnat", vec![new(), jump("firewall-check")]));
+    ops.push(rule(
+        "filter-input",
+        vec![
+            new(),
+            Statement::Match(Match::MarkMasked { mask: RELAYED_MARK, op: CmpOp::Eq, value: 0 }),
+            Statement::Match(Match::InSet { keys: dispatch_keys(), negate: false, set: RELAY_LISTENERS.to_owned() }),
+            Statement::Verdict(Verdict::Drop),
+        ],
+    ));
     ops.push(rule("filter-input", vec![new(), jump("nodeport-endpoints-check")]));
     ops.push(rule("filter-input", vec![new(), jump("service-endpoints-check")]));
     ops.push(rule("filter-forward", vec![new(), jump("service-endpoints-check")]));
@@ -278,6 +301,7 @@ fn port_operations(
                         op: CmpOp::Eq,
                         right: Value::Protocol(plan.protocol.number()),
                     }));
+                    statements.push(Statement::SetMarkBits(RELAYED_MARK));
                     statements.push(Statement::Dnat { address: relay_address, port: Some(port) });
                     chains.push(rule(&name, statements));
                 }
@@ -362,6 +386,17 @@ pub fn render_family(
         });
         let ports = if relay_address.is_some() { ports } else { &ListenerPorts::new() };
         port_operations(key, port_plan, address, ports, &mut chains, &mut elements);
+    }
+    if let Some(address) = relay_address {
+        for ((key, _), port) in ports.iter().filter(|((key, _), _)| key.family == family) {
+            let Some(plan) = plan.service_ports.get(key) else { continue };
+            operations.push(Operation::AddElement(Element {
+                set: RELAY_LISTENERS.to_owned(),
+                key: vec![Value::Address(address), Value::Protocol(plan.protocol.number()), Value::Port(*port)],
+                value: None,
+                comment: None,
+            }));
+        }
     }
     operations.extend(chains);
     operations.extend(elements);

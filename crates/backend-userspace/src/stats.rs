@@ -26,6 +26,11 @@ pub struct Stats {
     pub closed_removed: AtomicU64,
     /// Bytes relayed, both directions.
     pub bytes: AtomicU64,
+    /// Descriptors the relay may hold for connections and sessions (set at start from
+    /// `RLIMIT_NOFILE`, less a reserve for listeners, pipes and the rest of the process).
+    pub fd_budget: AtomicU64,
+    /// Descriptors held for connections and sessions now.
+    pub fds_held: AtomicU64,
 }
 
 impl Default for Stats {
@@ -41,6 +46,8 @@ impl Default for Stats {
             udp_dropped: AtomicU64::new(0),
             closed_removed: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            fd_budget: AtomicU64::new(u64::MAX),
+            fds_held: AtomicU64::new(0),
         }
     }
 }
@@ -97,6 +104,12 @@ impl Stats {
             &[("", get(&self.closed_removed))],
         );
         family("bytes_total", "counter", "Bytes relayed, both directions.", &[("", get(&self.bytes))]);
+        family(
+            "file_descriptors",
+            "gauge",
+            "Descriptors held for connections and sessions, and the most the relay may hold.",
+            &[("{kind=\"held\"}", get(&self.fds_held)), ("{kind=\"budget\"}", get(&self.fd_budget))],
+        );
         out
     }
 }

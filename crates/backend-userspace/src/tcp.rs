@@ -6,8 +6,8 @@ use std::fs::File;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::fcntl::{OFlag, SpliceFFlags, splice};
@@ -30,7 +30,8 @@ pub async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, set: EndpointSe
     loop {
         match listener.accept().await {
             Ok((client, peer)) => {
-                let Some(slot) = pool.admit() else {
+                // The client's socket and the one to the endpoint.
+                let Ok(slot) = pool.admit(2) else {
                     refuse(&client);
                     continue;
                 };
@@ -115,68 +116,88 @@ async fn relay(client: &TcpStream, upstream: &TcpStream, pool: &Pool) -> io::Res
 /// Moves `from`'s bytes to `to` until `from` ends, then ends `to`'s sending side (a
 /// half-close: the other direction goes on).
 async fn pump(from: &TcpStream, to: &TcpStream) -> io::Result<u64> {
-    let moved = match nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC) {
-        Ok(pipe) => splice_pump(from, to, pipe).await?,
-        // No pipe to splice through (out of descriptors): copy instead.
-        Err(_) => copy_pump(from, to).await?,
-    };
-    let _ = SockRef::from(to).shutdown(Shutdown::Write);
-    Ok(moved)
-}
-
-async fn splice_pump(from: &TcpStream, to: &TcpStream, (read_end, write_end): (OwnedFd, OwnedFd)) -> io::Result<u64> {
-    let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
-    let mut total = 0u64;
-    loop {
-        // The pipe is empty here, so "would block" can only mean the socket has nothing.
-        let read = loop {
-            from.readable().await?;
-            match from.try_io(Interest::READABLE, || {
-                splice(from, None, &write_end, None, CHUNK, flags).map_err(io::Error::from)
-            }) {
-                Ok(n) => break n,
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(error) => return Err(error),
-            }
-        };
-        if read == 0 {
-            return Ok(total);
-        }
-        let mut pending = read;
-        while pending > 0 {
-            to.writable().await?;
-            match to.try_io(Interest::WRITABLE, || {
-                splice(&read_end, None, to, None, pending, flags).map_err(io::Error::from)
-            }) {
-                Ok(n) => pending -= n,
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(error) => return Err(error),
-            }
-        }
-        total += read as u64;
-    }
-}
-
-async fn copy_pump(from: &TcpStream, to: &TcpStream) -> io::Result<u64> {
-    let mut buffer = vec![0u8; 16 * 1024];
     let mut total = 0u64;
     loop {
         from.readable().await?;
-        let read = match from.try_read(&mut buffer) {
-            Ok(0) => return Ok(total),
-            Ok(n) => n,
+        // A pipe only while bytes are in flight: an idle connection holds none.
+        let moved = match take_pipe() {
+            Some(pipe) => splice_once(from, to, pipe).await?,
+            // No pipe to splice through (out of descriptors): copy this chunk instead.
+            None => copy_once(from, to).await?,
+        };
+        match moved {
+            Some(0) => break,
+            Some(n) => total += n as u64,
+            None => continue,
+        }
+    }
+    let _ = SockRef::from(to).shutdown(Shutdown::Write);
+    Ok(total)
+}
+
+/// Idle pipes kept for the next transfer.
+const IDLE_PIPES: usize = 64;
+static PIPES: Mutex<Vec<(OwnedFd, OwnedFd)>> = Mutex::new(Vec::new());
+
+fn take_pipe() -> Option<(OwnedFd, OwnedFd)> {
+    let idle = PIPES.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+    idle.or_else(|| nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).ok())
+}
+
+/// Only an empty pipe comes back.
+fn give_pipe(pipe: (OwnedFd, OwnedFd)) {
+    let mut idle = PIPES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if idle.len() < IDLE_PIPES {
+        idle.push(pipe);
+    }
+}
+
+/// One chunk from `from` into the pipe and all of it out to `to`: `Some(0)` at the end of
+/// `from`, `None` when `from` had nothing after all.
+async fn splice_once(from: &TcpStream, to: &TcpStream, pipe: (OwnedFd, OwnedFd)) -> io::Result<Option<usize>> {
+    let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
+    let (read_end, write_end) = &pipe;
+    // The pipe is empty, so "would block" can only mean the socket has nothing.
+    let read = match from
+        .try_io(Interest::READABLE, || splice(from, None, write_end, None, CHUNK, flags).map_err(io::Error::from))
+    {
+        Ok(n) => n,
+        Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+            give_pipe(pipe);
+            return Ok(None);
+        }
+        Err(error) => return Err(error),
+    };
+    let mut pending = read;
+    while pending > 0 {
+        to.writable().await?;
+        match to
+            .try_io(Interest::WRITABLE, || splice(read_end, None, to, None, pending, flags).map_err(io::Error::from))
+        {
+            Ok(n) => pending -= n,
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
             Err(error) => return Err(error),
-        };
-        let mut written = 0;
-        while written < read {
-            to.writable().await?;
-            match to.try_write(&buffer[written..read]) {
-                Ok(n) => written += n,
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(error) => return Err(error),
-            }
         }
-        total += read as u64;
     }
+    give_pipe(pipe);
+    Ok(Some(read))
+}
+
+async fn copy_once(from: &TcpStream, to: &TcpStream) -> io::Result<Option<usize>> {
+    let mut buffer = vec![0u8; 16 * 1024];
+    let read = match from.try_read(&mut buffer) {
+        Ok(n) => n,
+        Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+        Err(error) => return Err(error),
+    };
+    let mut written = 0;
+    while written < read {
+        to.writable().await?;
+        match to.try_write(&buffer[written..read]) {
+            Ok(n) => written += n,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(Some(read))
 }

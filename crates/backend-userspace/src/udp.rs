@@ -79,7 +79,7 @@ async fn open(
     options: &Arc<Options>,
     epoch: Instant,
 ) -> Option<(Arc<UdpSocket>, Arc<AtomicU64>)> {
-    let slot = pool.admit()?;
+    let slot = pool.admit(1).ok()?;
     for endpoint in pool.candidates(set, client.ip()) {
         let unspecified = match endpoint.ip() {
             IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
