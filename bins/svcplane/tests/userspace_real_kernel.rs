@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use scenarios::cluster::{Backend, Cluster, ECHO_SERVICE, POD_ON_THIS_NODE, ServiceSpec, THIS_NODE};
 use scenarios::manifests::{CONVERSATION_PORT, ECHO_PORT, pod_ip};
+use scenarios::net::Conversation;
 use scenarios::{ALL_ECHO_PODS, Family, NodePortAddresses, Protocol, check_rows, eventually};
 
 const USERSPACE: Backend = scenarios::backends::USERSPACE;
@@ -495,6 +496,25 @@ fn a_client_cannot_reach_a_relay_listener_except_through_a_service_address() {
 const USERSPACE_THREE_CONNECTIONS: Backend =
     Backend { proxy_args: &["--mode", "userspace", "--userspace-max-connections", "3"], ..USERSPACE };
 
+/// A ClusterIP Service in front of the line servers (which keep a connection open until
+/// the client closes it) of every echo pod.
+const CONVERSATIONS: ServiceSpec = ServiceSpec {
+    name: "conversations",
+    protocols: &[Protocol::Tcp],
+    target_port: CONVERSATION_PORT,
+    ..ServiceSpec::cluster_ip("conversations", Ipv4Addr::new(198, 19, 0, 81))
+};
+
+/// A conversation through `target` from the pod on this node, proven by one answer.
+fn converse(cluster: &Cluster, target: std::net::SocketAddr) -> Result<(Conversation, String), String> {
+    let lab = cluster.lab();
+    let namespace = lab.pod(POD_ON_THIS_NODE).namespace_name();
+    let mut conversation =
+        Conversation::open(lab, namespace, Protocol::Tcp, target, PROBE_TIMEOUT).map_err(|e| format!("{e:?}"))?;
+    let reply = conversation.ask(PROBE_TIMEOUT).map_err(|e| format!("{e:?}"))?;
+    Ok((conversation, reply.server_name))
+}
+
 #[test]
 fn a_full_connection_table_refuses_a_new_client_at_once_and_counts_it() {
     if !svcplane_testbed::can_run_real_kernel_tests(
@@ -502,22 +522,20 @@ fn a_full_connection_table_refuses_a_new_client_at_once_and_counts_it() {
     ) {
         return;
     }
-    let cluster = Cluster::start(USERSPACE_THREE_CONNECTIONS);
+    let cluster = Cluster::builder(USERSPACE_THREE_CONNECTIONS)
+        .manifest("conversations.yaml", &CONVERSATIONS.manifest())
+        .line_servers(Protocol::Tcp, CONVERSATION_PORT, ALL_ECHO_PODS)
+        .start();
     let lab = cluster.lab();
-    let target = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
+    let target = CONVERSATIONS.cluster_ip_address(false).unwrap();
     let client = lab.pod(POD_ON_THIS_NODE).namespace_name();
-    let connect = || {
-        lab.run_in(client, || std::net::TcpStream::connect_timeout(&target, PROBE_TIMEOUT))
-            .expect("the client's namespace")
-            .expect("the kernel completes the handshake for the relay")
-    };
-    // Three connections held open, silent: the table of the echo port is full.
-    let mut held: Vec<std::net::TcpStream> = (0..3).map(|_| connect()).collect();
-    let full = eventually(Duration::from_secs(5), || {
-        let active = cluster.proxy_metric(THIS_NODE, "svcplane_userspace_active_connections")?;
-        (active >= 3.0).then_some(active)
-    });
-    assert!(full.is_some(), "the relay took the three connections\n{}", cluster.diagnostics());
+    // Three conversations held open: the table of the port is full.
+    let mut held: Vec<Conversation> = (0..3)
+        .map(|n| {
+            let opened = converse(&cluster, target);
+            opened.unwrap_or_else(|error| panic!("conversation {n}: {error}\n{}", cluster.diagnostics())).0
+        })
+        .collect();
 
     // The fourth is refused at once: a reset, not a wait (the kernel completes the
     // handshake, so the reset may come before connect() returns, or at the first read).
@@ -527,7 +545,8 @@ fn a_full_connection_table_refuses_a_new_client_at_once_and_counts_it() {
         .expect("the client's namespace")
         .and_then(|mut fourth| {
             fourth.set_read_timeout(Some(Duration::from_secs(5)))?;
-            std::io::Read::read(&mut fourth, &mut [0u8; 1])
+            std::io::Write::write_all(&mut fourth, b"hello\n")?;
+            std::io::Read::read(&mut fourth, &mut [0u8; 64])
         });
     let took = started.elapsed();
     assert!(
@@ -538,12 +557,74 @@ fn a_full_connection_table_refuses_a_new_client_at_once_and_counts_it() {
     let refused = cluster.proxy_metric(THIS_NODE, "svcplane_userspace_refused_total{reason=\"max_connections\"}");
     assert!(refused >= Some(1.0), "the refusal is counted: {refused:?}");
     let log = cluster.proxy_log(THIS_NODE);
-    assert!(log.contains("connection table of default/echo") && log.contains("is full"), "and logged:\n{log}");
+    assert!(log.contains("connection table of default/conversations") && log.contains("is full"), "and logged:\n{log}");
+    // The held ones still talk.
+    for conversation in &mut held {
+        conversation.ask(PROBE_TIMEOUT).expect("a held conversation goes on");
+    }
 
     // One held connection ends: a new client is served again.
     drop(held.pop());
-    let served = eventually(Duration::from_secs(5), || lab.tcp_request(client, target, PROBE_TIMEOUT).ok());
+    let served = eventually(Duration::from_secs(5), || converse(&cluster, target).ok());
     assert!(served.is_some(), "a slot came back when a connection ended\n{}", cluster.diagnostics());
     drop(held);
+    cluster.teardown();
+}
+
+const USERSPACE_SHORT_GRACE: Backend =
+    Backend { proxy_args: &["--mode", "userspace", "--userspace-removed-grace", "2"], ..USERSPACE };
+
+/// The selector-less `moving` Service's EndpointSlice: `pod`'s line server.
+fn moving_slice(pod: &str) -> String {
+    let node = if pod.starts_with("node1") { "node1" } else { "node2" };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: moving\n  namespace: default\nspec:\n  \
+         clusterIP: \"198.19.0.82\"\n  ports:\n    - name: tcp\n      protocol: TCP\n      port: 80\n      \
+         targetPort: {CONVERSATION_PORT}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  \
+         name: moving-v4\n  namespace: default\n  labels:\n    kubernetes.io/service-name: moving\n\
+         addressType: IPv4\nports:\n  - name: tcp\n    protocol: TCP\n    port: {CONVERSATION_PORT}\nendpoints:\n  \
+         - addresses: [\"{}\"]\n    conditions:\n      ready: true\n    nodeName: {node}\n",
+        pod_ip(pod, Family::V4)
+    )
+}
+
+#[test]
+fn connections_to_a_removed_endpoint_go_on_for_the_grace_period_then_are_closed() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "connections_to_a_removed_endpoint_go_on_for_the_grace_period_then_are_closed",
+    ) {
+        return;
+    }
+    const GRACE: Duration = Duration::from_secs(2);
+    let cluster = Cluster::builder(USERSPACE_SHORT_GRACE)
+        .manifest("moving.yaml", &moving_slice("node1-pod1"))
+        .line_servers(Protocol::Tcp, CONVERSATION_PORT, &["node1-pod1", "node2-pod2"])
+        .start();
+    let target = std::net::SocketAddr::new(Ipv4Addr::new(198, 19, 0, 82).into(), 80);
+    let opened = eventually(Duration::from_secs(5), || converse(&cluster, target).ok());
+    let Some(((mut old, first), _)) = opened else {
+        panic!("the moving Service did not answer\n{}", cluster.diagnostics());
+    };
+    assert_eq!(first, "node1-pod1");
+
+    // The endpoint is replaced (removed, not terminating).
+    let changed = std::time::Instant::now();
+    cluster.write_file("moving.yaml", &moving_slice("node2-pod2"));
+    let moved =
+        eventually(Duration::from_secs(5), || converse(&cluster, target).ok().filter(|(_, pod)| pod == "node2-pod2"));
+    assert!(moved.is_some(), "new connections did not go to the new endpoint\n{}", cluster.diagnostics());
+    // The removal reached the relay less than `changed.elapsed()` ago: if that is well
+    // within the grace period, the old connection must still talk to the old endpoint.
+    if changed.elapsed() < GRACE / 2 {
+        let reply = old.ask(PROBE_TIMEOUT).expect("the old connection within the grace period");
+        assert_eq!(reply.server_name, "node1-pod1");
+    } else {
+        eprintln!("the change took {:?} to reach the relay: the within-grace check is skipped", changed.elapsed());
+    }
+    // After it, the relay closes it.
+    let closed = eventually(GRACE * 3, || old.ask(Duration::from_millis(300)).is_err().then_some(()));
+    assert!(closed.is_some(), "the connection to the removed endpoint was still open {:?} after", GRACE * 3);
+    let counted = cluster.proxy_metric(THIS_NODE, "svcplane_userspace_closed_removed_total");
+    assert!(counted >= Some(1.0), "the close is counted: {counted:?}");
     cluster.teardown();
 }

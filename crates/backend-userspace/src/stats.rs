@@ -5,6 +5,11 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+/// Pipes the kernel would not enlarge to 1 MiB (`fs.pipe-max-size`, or the user's pipe
+/// quota `fs.pipe-user-pages-soft` without `CAP_SYS_RESOURCE`): they move 64 KiB or less
+/// per call. Process-wide, like the pipe pool.
+pub static PIPES_NOT_ENLARGED: AtomicU64 = AtomicU64::new(0);
+
 #[derive(Debug)]
 pub struct Stats {
     started: Instant,
@@ -104,6 +109,12 @@ impl Stats {
             &[("", get(&self.closed_removed))],
         );
         family("bytes_total", "counter", "Bytes relayed, both directions.", &[("", get(&self.bytes))]);
+        family(
+            "pipes_not_enlarged_total",
+            "counter",
+            "Pipes for splice the kernel kept below 1 MiB (pipe-max-size, or the user's pipe quota).",
+            &[("", PIPES_NOT_ENLARGED.load(Ordering::Relaxed))],
+        );
         family(
             "file_descriptors",
             "gauge",
