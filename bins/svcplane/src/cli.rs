@@ -58,6 +58,10 @@ pub enum Mode {
     /// IPVS virtual services over generic netlink, Service addresses on `kube-ipvs0`
     /// (needs the `ip_vs` module; no iptables/ipset rules yet, see docs/backend-ipvs.md).
     Ipvs,
+    /// nftables DNATs each frontend to a relay in the proxy process, which picks an
+    /// endpoint (retrying another on a failed connect) and relays the bytes; endpoints see
+    /// the node's address (see docs/backend-userspace.md).
+    Userspace,
 }
 
 /// Which iptables variant iptables mode writes with.
@@ -153,7 +157,7 @@ pub struct ProxyArgs {
     /// (comma-separated or repeatable; default: every node address except loopback).
     #[arg(long = "nodeport-addresses", value_name = "CIDR|primary", value_delimiter = ',')]
     pub nodeport_addresses: Vec<String>,
-    /// The proxy mode: nftables (default), iptables, ipvs or ebpf. An empty value means
+    /// The proxy mode: nftables (default), iptables, ipvs, ebpf or userspace. An empty value means
     /// iptables, as in kube-proxy.
     #[arg(long = "mode", visible_alias = "proxy-mode", value_name = "MODE")]
     pub mode_flag: Option<String>,
@@ -203,6 +207,8 @@ pub struct ProxyArgs {
     pub kube_proxy: KubeProxyFlags,
     #[command(flatten)]
     pub ebpf: EbpfArgs,
+    #[command(flatten)]
+    pub userspace: UserspaceArgs,
     /// Count new connections per endpoint in nftables mode (`--nft-counters=false`: rules
     /// without `counter`, and `top`, `/status` and the endpoint metrics show nothing).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
@@ -215,6 +221,28 @@ pub struct ProxyArgs {
     /// Endpoint counters shown on the `/status` page (the busiest N).
     #[arg(long, value_name = "N", default_value_t = svcplane_core::counters::DEFAULT_MAX_SERIES)]
     pub status_max_series: usize,
+}
+
+/// The relay of `--mode userspace`.
+#[derive(Debug, Clone, Args)]
+pub struct UserspaceArgs {
+    /// How long one connect to an endpoint may take before the relay tries the next.
+    #[arg(long, value_name = "MILLISECONDS", default_value_t = 1000)]
+    pub userspace_connect_timeout_ms: u64,
+    /// A UDP session with no datagram either way for this long ends.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub userspace_udp_idle_timeout: u64,
+    /// How long connections to a removed endpoint keep going before they are closed
+    /// (connections to a terminating endpoint go on until they end).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub userspace_removed_grace: u64,
+    /// Open connections (or UDP sessions) per service port; beyond it new clients are
+    /// refused at once, logged and counted (`svcplane_userspace_refused_total`).
+    #[arg(long, value_name = "N", default_value_t = 50_000)]
+    pub userspace_max_connections: usize,
+    /// Threads of the relay.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub userspace_threads: usize,
 }
 
 /// kube-proxy's flags (v1.36) beyond the ones `ProxyArgs` shares with svcplane: the ones

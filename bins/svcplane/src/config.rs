@@ -579,7 +579,9 @@ impl KubeProxyConfiguration {
         match mode {
             Mode::Ipvs => ("ipvs", self.ipvs.sync_period, self.ipvs.min_sync_period),
             Mode::Nftables => ("nftables", self.nftables.sync_period, self.nftables.min_sync_period),
-            Mode::Iptables | Mode::Ebpf => ("iptables", self.iptables.sync_period, self.iptables.min_sync_period),
+            Mode::Iptables | Mode::Ebpf | Mode::Userspace => {
+                ("iptables", self.iptables.sync_period, self.iptables.min_sync_period)
+            }
         }
     }
 
@@ -587,7 +589,9 @@ impl KubeProxyConfiguration {
         let (sync_field, min_field) = match mode {
             Mode::Ipvs => (&mut self.ipvs.sync_period, &mut self.ipvs.min_sync_period),
             Mode::Nftables => (&mut self.nftables.sync_period, &mut self.nftables.min_sync_period),
-            Mode::Iptables | Mode::Ebpf => (&mut self.iptables.sync_period, &mut self.iptables.min_sync_period),
+            Mode::Iptables | Mode::Ebpf | Mode::Userspace => {
+                (&mut self.iptables.sync_period, &mut self.iptables.min_sync_period)
+            }
         };
         if let Some(sync) = sync {
             *sync_field = GoDuration(sync);
@@ -642,8 +646,9 @@ fn parse_mode(value: &str) -> Result<Mode, String> {
         "nftables" => Ok(Mode::Nftables),
         "ipvs" => Ok(Mode::Ipvs),
         "ebpf" => Ok(Mode::Ebpf),
+        "userspace" => Ok(Mode::Userspace),
         "kernelspace" => Err(format!("{value:?} is kube-proxy's Windows mode; svcplane runs on Linux")),
-        _ => Err(format!("{value:?} is not a proxy mode (nftables, iptables, ipvs, ebpf)")),
+        _ => Err(format!("{value:?} is not a proxy mode (nftables, iptables, ipvs, ebpf, userspace)")),
     }
 }
 
@@ -653,6 +658,7 @@ pub fn mode_name(mode: Mode) -> &'static str {
         Mode::Iptables => "iptables",
         Mode::Ipvs => "ipvs",
         Mode::Ebpf => "ebpf",
+        Mode::Userspace => "userspace",
     }
 }
 
@@ -1414,8 +1420,8 @@ mod tests {
         assert!(text.starts_with("--config "), "{text}");
         let cidr = with_file(&format!("{MINIMAL}clusterCIDR: 10.0.0.0/33\n"), &["--node-name", "n"]).unwrap_err();
         assert!(format!("{cidr:#}").contains("clusterCIDR: \"10.0.0.0/33\" is not a CIDR"), "{cidr:#}");
-        let mode = with_file(&format!("{MINIMAL}mode: userspace\n"), &["--node-name", "n"]).unwrap_err();
-        assert!(format!("{mode:#}").contains("mode: \"userspace\" is not a proxy mode"), "{mode:#}");
+        let mode = with_file(&format!("{MINIMAL}mode: winkernel\n"), &["--node-name", "n"]).unwrap_err();
+        assert!(format!("{mode:#}").contains("mode: \"winkernel\" is not a proxy mode"), "{mode:#}");
         let version =
             with_file("apiVersion: kubeproxy.config.k8s.io/v1alpha2\nkind: KubeProxyConfiguration\n", &[]).unwrap_err();
         assert!(format!("{version:#}").contains("apiVersion: \"kubeproxy.config.k8s.io/v1alpha2\""), "{version:#}");
@@ -1523,7 +1529,7 @@ mod tests {
             ),
             (&["--oom-score-adj=-1001"][..], "--oom-score-adj: -1001"),
             (&["--min-sync-period=1x"][..], "--min-sync-period: \"1x\" is not a duration"),
-            (&["--mode=userspace"][..], "--mode: \"userspace\" is not a proxy mode"),
+            (&["--mode=winkernel"][..], "--mode: \"winkernel\" is not a proxy mode"),
             (&["--healthz-bind-address=localhost:1"][..], "--healthz-bind-address: \"localhost:1\""),
         ] {
             let mut all = vec!["--node-name=n"];

@@ -202,6 +202,7 @@ fn mode_name(mode: Mode) -> &'static str {
         Mode::Iptables => "iptables",
         Mode::Ebpf => "ebpf",
         Mode::Ipvs => "ipvs",
+        Mode::Userspace => "userspace",
     }
 }
 

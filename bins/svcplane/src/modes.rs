@@ -6,18 +6,35 @@ use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions, ExternalMode};
 use svcplane_backend_iptables::IptablesBackend;
 use svcplane_backend_ipvs::{IpvsBackend, IpvsConfig};
 use svcplane_backend_nftables::NftablesBackend;
+use svcplane_backend_userspace::UserspaceBackend;
 use svcplane_core::Dataplane;
 use svcplane_iptables::{IptablesCli, Variant, detect_variant};
 use svcplane_nft::{NftCli, NftClient, NftNetlink};
 
 use crate::cli::{
     CleanupArgs, EbpfArgs, EbpfExternalMode, IptablesBackend as IptablesVariant, Mode, NftMechanism, ProxyArgs,
+    UserspaceArgs,
 };
 use crate::faults::FaultFile;
 
+/// What a mode that runs inside the proxy process (the userspace relay) lets the proxy's
+/// servers read: its own metric families and its per-endpoint counters.
+#[derive(Debug, Default)]
+pub struct InProcess {
+    pub relay: Option<svcplane_backend_userspace::RelayView>,
+}
+
 /// The dataplane `--mode` names, ready to sync (nothing touches the kernel until then).
-pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
-    Ok(match args.mode {
+pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<(Box<dyn Dataplane>, InProcess)> {
+    if args.mode == Mode::Userspace {
+        let backend = UserspaceBackend::new(
+            NftClient::Netlink(NftNetlink::new().context("opening the nf_tables netlink socket")?),
+            userspace_options(&args.userspace),
+        );
+        let relay = Some(backend.view());
+        return Ok((Box::new(backend), InProcess { relay }));
+    }
+    let dataplane: Box<dyn Dataplane> = match args.mode {
         Mode::Nftables => {
             let client = match args.nft_mechanism {
                 NftMechanism::Netlink => {
@@ -42,7 +59,21 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<Box<dyn Dataplane>> {
         Mode::Ipvs => {
             Box::new(IpvsBackend::new(ipvs_config(args), IptablesCli::new(iptables_variant(args.iptables_backend))))
         }
-    })
+        Mode::Userspace => unreachable!("built above"),
+    };
+    Ok((dataplane, InProcess::default()))
+}
+
+fn userspace_options(args: &UserspaceArgs) -> svcplane_backend_userspace::Options {
+    use std::time::Duration;
+    svcplane_backend_userspace::Options {
+        connect_timeout: Duration::from_millis(args.userspace_connect_timeout_ms),
+        udp_idle_timeout: Duration::from_secs(args.userspace_udp_idle_timeout),
+        removed_grace: Duration::from_secs(args.userspace_removed_grace),
+        max_connections: args.userspace_max_connections,
+        threads: args.userspace_threads,
+        ..svcplane_backend_userspace::Options::default()
+    }
 }
 
 fn ebpf_options(args: &EbpfArgs) -> EbpfOptions {
@@ -84,6 +115,9 @@ pub fn uses_kernel_conntrack(mode: Mode) -> bool {
         // IPVS keeps its own connection table; stale UDP entries there expire with
         // --ipvs-udp-timeout (upstream also removes them; not done yet).
         Mode::Ipvs => false,
+        // The redirect to the relay is a kernel DNAT: a UDP flow that went elsewhere
+        // before its Service had a listener keeps doing so until its entry goes.
+        Mode::Userspace => true,
     }
 }
 
@@ -121,6 +155,9 @@ pub fn for_render(args: &ProxyArgs) -> Box<dyn Dataplane> {
         Mode::Ebpf => Box::new(EbpfBackend::new(EbpfOptions::default())),
         // Renders without opening anything.
         Mode::Ipvs => Box::new(IpvsBackend::for_render(ipvs_config(args))),
+        Mode::Userspace => {
+            Box::new(UserspaceBackend::new(NftClient::Cli(NftCli::new()), userspace_options(&args.userspace)))
+        }
     }
 }
 
@@ -135,5 +172,10 @@ pub fn for_counters(mode: Mode, iptables_backend: IptablesVariant, bpf_root: &st
         }
         // IPVS mode keeps no counters yet: `top` says so.
         Mode::Ipvs => Box::new(IpvsBackend::for_render(IpvsConfig::default())),
+        // The relay's counters live in the proxy process: `top` says so.
+        Mode::Userspace => Box::new(UserspaceBackend::new(
+            NftClient::Cli(NftCli::new()),
+            svcplane_backend_userspace::Options::default(),
+        )),
     }
 }

@@ -35,12 +35,14 @@ pub struct OpsSettings {
     pub status_max_series: usize,
 }
 
-/// `counters` reads the mode's kernel counters, for `/status` and `/metrics`.
+/// `counters` reads the mode's kernel counters, for `/status` and `/metrics`;
+/// `mode_metrics` adds the families of a mode that runs in the process (the relay's).
 pub fn start(
     settings: &OpsSettings,
     node_name: &str,
     mode: &'static str,
     counters: Option<CounterReader>,
+    mode_metrics: Option<ExtraMetrics>,
 ) -> anyhow::Result<ProxyOps> {
     let metrics = Arc::new(proxy_registry());
     let board =
@@ -51,11 +53,15 @@ pub fn start(
         servers.extend(start_or_warn("healthz", address, healthz_routes(&health), settings.hard_fail)?);
     }
     if let Some(address) = settings.metrics {
-        let extra: Option<ExtraMetrics> = (settings.metrics_max_endpoint_series > 0).then(|| {
+        let endpoint_series: Option<ExtraMetrics> = (settings.metrics_max_endpoint_series > 0).then(|| {
             let board = Arc::clone(&board);
             let max = settings.metrics_max_endpoint_series;
             Arc::new(move || counter_metrics(&board, max)) as ExtraMetrics
         });
+        let extra: Option<ExtraMetrics> = match (endpoint_series, mode_metrics) {
+            (Some(series), Some(mode)) => Some(Arc::new(move || series() + &mode())),
+            (series, mode) => series.or(mode),
+        };
         let routes = metrics_routes(&metrics, mode, settings.configz_json.clone(), extra).merge(status_routes(&board));
         servers.extend(start_or_warn("metrics", address, routes, settings.hard_fail)?);
     }

@@ -81,9 +81,11 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("installing the signal handler")?;
     }
     let config = node_config(&effective, args)?;
-    let dataplane = modes::dataplane(args)?;
-    let counters = counter_reader(args);
-    let ops = ops::start(&ops_settings(&effective, args), &effective.node_name, dataplane.mode(), counters)?;
+    let (dataplane, in_process) = modes::dataplane(args)?;
+    let counters = counter_reader(args, &in_process);
+    let mode_metrics = in_process.relay.map(|relay| Arc::new(move || relay.prometheus()) as svcplane_ops::ExtraMetrics);
+    let ops =
+        ops::start(&ops_settings(&effective, args), &effective.node_name, dataplane.mode(), counters, mode_metrics)?;
     let settings = LoopSettings { min_sync_interval: effective.min_sync_period, ..LoopSettings::default() };
     let mut sync = SyncLoop::new(config, dataplane, settings)
         .with_hook(Box::new(HealthServers::default()))
@@ -119,9 +121,12 @@ fn ops_settings(effective: &EffectiveConfig, args: &ProxyArgs) -> ops::OpsSettin
 
 /// Reads the kernel's counters apart from the sync loop's dataplane, so a page view or a
 /// scrape never waits for a sync (nor a sync for them).
-fn counter_reader(args: &ProxyArgs) -> Option<svcplane_ops::status::CounterReader> {
+fn counter_reader(args: &ProxyArgs, in_process: &modes::InProcess) -> Option<svcplane_ops::status::CounterReader> {
     if args.mode == crate::cli::Mode::Nftables && !args.nft_counters {
         return None;
+    }
+    if let Some(relay) = in_process.relay.clone() {
+        return Some(Box::new(move || Ok(relay.counters())));
     }
     let mut reader = modes::for_counters(args.mode, args.iptables_backend, &args.ebpf.bpf_root);
     Some(Box::new(move || reader.counters().map_err(|error| error.to_string())))

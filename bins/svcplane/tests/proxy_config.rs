@@ -107,7 +107,7 @@ fn a_bad_duration_is_an_error_naming_the_field() {
 fn bad_values_and_a_wrong_type_are_errors_naming_the_field() {
     for (body, expected) in [
         ("clusterCIDR: 198.18.128.0/33\n", "clusterCIDR: \"198.18.128.0/33\" is not a CIDR"),
-        ("mode: userspace\n", "mode: \"userspace\" is not a proxy mode"),
+        ("mode: winkernel\n", "mode: \"winkernel\" is not a proxy mode"),
         ("nodePortAddresses: [all-of-them]\n", "nodePortAddresses[0]: \"all-of-them\" is not a CIDR"),
         ("healthzBindAddress: here:there\n", "healthzBindAddress: \"here:there\" is not IP:PORT"),
         ("oomScoreAdj: -2000\n", "oomScoreAdj: -2000 is not within"),

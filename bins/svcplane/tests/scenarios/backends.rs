@@ -61,3 +61,23 @@ fn not_applicable_with_dsr(row: &Scenario) -> Option<&'static str> {
     }
     not_applicable(row)
 }
+
+pub const USERSPACE: Backend = Backend {
+    name: "userspace",
+    proxy_args: &["--mode", "userspace"],
+    diagnostics: &[&["nft", "list", "ruleset"], &["ss", "-ltnup"]],
+    ruleset: &["nft", "list", "ruleset"],
+    not_applicable: userspace_not_applicable,
+    node_cgroups: false,
+};
+
+/// Rows the userspace mode cannot run, by design, with the reason.
+fn userspace_not_applicable(row: &Scenario) -> Option<&'static str> {
+    if row.protocol == super::Protocol::Sctp {
+        return Some("the relay speaks TCP and UDP only; SCTP Service ports are refused");
+    }
+    if row.source == SourceSeen::ClientAddress {
+        return Some("the relay opens its own connection from the node: the client's source IP is not preserved");
+    }
+    None
+}

@@ -1,0 +1,630 @@
+//! Real-kernel scenarios for `svcplane proxy --mode userspace`: real packets DNATed by real
+//! nftables rules to the relay in the proxy process, which connects to the endpoints
+//! (needs root; see `docs/lab.md`).
+//!
+//! Each test builds its own two-node lab with its own proxies, so tests run in parallel.
+//! The shared scenario table lives in `scenarios/`; rows that need the client's source
+//! address at the endpoint (or SCTP) are listed as not applicable with the reason.
+
+mod scenarios;
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use scenarios::cluster::{Backend, Cluster, ECHO_SERVICE, POD_ON_THIS_NODE, ServiceSpec, THIS_NODE};
+use scenarios::manifests::{CONVERSATION_PORT, ECHO_PORT, pod_ip};
+use scenarios::net::Conversation;
+use scenarios::{ALL_ECHO_PODS, Family, NodePortAddresses, Protocol, check_rows, eventually};
+
+const USERSPACE: Backend = scenarios::backends::USERSPACE;
+
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn check_table(rows: &[scenarios::Scenario]) {
+    let cluster = Cluster::start(USERSPACE);
+    check_rows(&cluster, rows);
+    cluster.teardown();
+}
+
+#[test]
+fn pods_the_node_and_an_external_client_reach_a_service_through_its_cluster_ip_and_node_port() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "pods_the_node_and_an_external_client_reach_a_service_through_its_cluster_ip_and_node_port",
+    ) {
+        return;
+    }
+    check_table(scenarios::REACHABILITY);
+}
+
+#[test]
+fn a_service_without_endpoints_is_refused_at_once_from_a_pod_the_node_and_outside_in_both_families() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_service_without_endpoints_is_refused_at_once_from_a_pod_the_node_and_outside_in_both_families",
+    ) {
+        return;
+    }
+    check_table(scenarios::NO_ENDPOINTS);
+}
+
+#[test]
+fn local_traffic_policies_keep_traffic_on_the_node_or_drop_it() {
+    if !svcplane_testbed::can_run_real_kernel_tests("local_traffic_policies_keep_traffic_on_the_node_or_drop_it") {
+        return;
+    }
+    check_table(scenarios::TRAFFIC_POLICY);
+}
+
+#[test]
+fn load_balancer_ips_are_served_like_node_ports_within_their_source_ranges_unless_proxied() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "load_balancer_ips_are_served_like_node_ports_within_their_source_ranges_unless_proxied",
+    ) {
+        return;
+    }
+    check_table(scenarios::LOAD_BALANCER);
+}
+
+#[test]
+fn external_ips_are_served_like_load_balancer_ips() {
+    if !svcplane_testbed::can_run_real_kernel_tests("external_ips_are_served_like_load_balancer_ips") {
+        return;
+    }
+    check_table(scenarios::EXTERNAL_IPS);
+}
+
+#[test]
+fn health_check_node_ports_answer_with_the_local_endpoint_count() {
+    if !svcplane_testbed::can_run_real_kernel_tests("health_check_node_ports_answer_with_the_local_endpoint_count") {
+        return;
+    }
+    check_table(scenarios::HEALTH_CHECKS);
+}
+
+#[test]
+fn terminating_endpoints_are_used_only_when_none_is_ready() {
+    if !svcplane_testbed::can_run_real_kernel_tests("terminating_endpoints_are_used_only_when_none_is_ready") {
+        return;
+    }
+    check_table(scenarios::TERMINATING);
+}
+
+#[test]
+fn topology_keeps_traffic_close_with_upstreams_fallbacks() {
+    if !svcplane_testbed::can_run_real_kernel_tests("topology_keeps_traffic_close_with_upstreams_fallbacks") {
+        return;
+    }
+    check_table(scenarios::TOPOLOGY);
+}
+
+#[test]
+fn headless_external_name_and_other_proxies_services_are_not_programmed() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "headless_external_name_and_other_proxies_services_are_not_programmed",
+    ) {
+        return;
+    }
+    check_table(scenarios::IGNORED);
+}
+
+#[test]
+fn sctp_rows_are_listed_as_not_applicable_with_the_reason() {
+    // No lab needed: the relay speaks TCP and UDP only, so every SCTP row must say why it
+    // does not run (an SCTP Service port is refused in the kernel instead).
+    for row in scenarios::SCTP.iter().flat_map(scenarios::Scenario::each_family) {
+        let reason = (USERSPACE.not_applicable)(&row);
+        let Some(reason) = reason else { panic!("the SCTP row {} claims to apply to the relay", row.label()) };
+        eprintln!("NOT APPLICABLE ({reason}): {}", row.label());
+    }
+}
+
+#[test]
+fn node_ports_answer_on_every_node_address_but_loopback_by_default() {
+    if !svcplane_testbed::can_run_real_kernel_tests("node_ports_answer_on_every_node_address_but_loopback_by_default") {
+        return;
+    }
+    check_table(scenarios::NODEPORT_ADDRESSES_DEFAULT);
+}
+
+#[test]
+fn node_ports_answer_only_on_the_primary_address_with_nodeport_addresses_primary() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "node_ports_answer_only_on_the_primary_address_with_nodeport_addresses_primary",
+    ) {
+        return;
+    }
+    let cluster = Cluster::builder(USERSPACE).node_port_addresses(NodePortAddresses::Primary).start();
+    check_rows(&cluster, scenarios::NODEPORT_ADDRESSES_PRIMARY);
+    cluster.teardown();
+}
+
+#[test]
+fn node_ports_answer_only_inside_nodeport_addresses_cidrs() {
+    if !svcplane_testbed::can_run_real_kernel_tests("node_ports_answer_only_inside_nodeport_addresses_cidrs") {
+        return;
+    }
+    let cluster = Cluster::builder(USERSPACE).node_port_addresses(NodePortAddresses::SecondaryOnly).start();
+    check_rows(&cluster, scenarios::NODEPORT_ADDRESSES_CIDRS);
+    cluster.teardown();
+}
+
+#[test]
+fn client_ip_affinity_sticks_until_the_timeout() {
+    if !svcplane_testbed::can_run_real_kernel_tests("client_ip_affinity_sticks_until_the_timeout") {
+        return;
+    }
+    check_table(scenarios::AFFINITY);
+}
+
+#[test]
+fn endpoint_changes_remove_stale_udp_flows_and_keep_flows_to_terminating_endpoints() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "endpoint_changes_remove_stale_udp_flows_and_keep_flows_to_terminating_endpoints",
+    ) {
+        return;
+    }
+    let cluster = Cluster::builder(USERSPACE)
+        .line_servers(Protocol::Tcp, CONVERSATION_PORT, &["node1-pod1", "node2-pod2"])
+        .start();
+    check_rows(&cluster, scenarios::ENDPOINT_CHANGES);
+    cluster.teardown();
+}
+
+/// Counts which pod answered each of `requests` TCP requests to the echo ClusterIP from the
+/// client pod on node1. Any failed request fails the test.
+fn answers_from_pod_on_this_node(cluster: &Cluster, requests: usize) -> BTreeMap<String, usize> {
+    let lab = cluster.lab();
+    let target = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
+    let namespace = lab.pod(POD_ON_THIS_NODE).namespace_name();
+    let mut answers = BTreeMap::new();
+    for sent in 0..requests {
+        let reply = lab
+            .tcp_request(namespace, target, PROBE_TIMEOUT)
+            .unwrap_or_else(|error| panic!("request {} of {requests} to {target}: {error}", sent + 1));
+        *answers.entry(reply.server_name).or_insert(0) += 1;
+    }
+    answers
+}
+
+#[test]
+fn two_hundred_requests_to_a_four_endpoint_service_reach_every_endpoint_evenly() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "two_hundred_requests_to_a_four_endpoint_service_reach_every_endpoint_evenly",
+    ) {
+        return;
+    }
+    let cluster = Cluster::start(USERSPACE);
+    let answers = answers_from_pod_on_this_node(&cluster, 200);
+    // Binomial(200, 1/4): 20 and 90 are 4.9 and 6.5 standard deviations from the mean of
+    // 50, so this never flakes yet catches a broken cascade (e.g. 1/2, 1/4, 1/8, 1/8).
+    let (low, high) = (20, 90);
+    let names: Vec<&str> = answers.keys().map(String::as_str).collect();
+    assert_eq!(names, ALL_ECHO_PODS, "every endpoint and nothing else answers: {answers:?}");
+    for (pod, count) in &answers {
+        assert!((low..=high).contains(count), "{pod} answered {count} of 200 (allowed {low}..={high}): {answers:?}");
+    }
+    cluster.teardown();
+}
+
+#[test]
+fn a_pod_that_turns_not_ready_stops_receiving_traffic_within_five_seconds_and_returns_when_ready() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_pod_that_turns_not_ready_stops_receiving_traffic_within_five_seconds_and_returns_when_ready",
+    ) {
+        return;
+    }
+    const POD: &str = "node1-pod2";
+    const WITHIN: Duration = Duration::from_secs(5);
+    // A batch without the pod has odds of 0.75^40 (1e-5) while it is still an endpoint.
+    const BATCH: usize = 40;
+    let cluster = Cluster::start(USERSPACE);
+
+    cluster.set_pod_ready(POD, false);
+    let gone = eventually(WITHIN, || {
+        let answers = answers_from_pod_on_this_node(&cluster, BATCH);
+        (!answers.contains_key(POD)).then_some(answers)
+    });
+    let Some((_, took)) = gone else {
+        panic!("{POD} still answered {WITHIN:?} after turning not-Ready\n{}", cluster.diagnostics());
+    };
+    eprintln!("{POD} stopped receiving traffic {took:?} after turning not-Ready");
+    // Stays out, while the three others keep answering.
+    let answers = answers_from_pod_on_this_node(&cluster, BATCH);
+    let names: Vec<&str> = answers.keys().map(String::as_str).collect();
+    assert_eq!(names, ["node1-pod1", "node2-pod1", "node2-pod2"], "after {POD} turned not-Ready");
+
+    cluster.set_pod_ready(POD, true);
+    let back = eventually(WITHIN, || answers_from_pod_on_this_node(&cluster, 10).get(POD).copied());
+    let Some((_, took)) = back else {
+        panic!("{POD} did not answer again {WITHIN:?} after turning Ready\n{}", cluster.diagnostics());
+    };
+    eprintln!("{POD} answered again {took:?} after turning Ready");
+    cluster.teardown();
+}
+
+#[test]
+fn a_broken_service_does_not_keep_its_neighbour_in_the_same_file_from_being_programmed() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_broken_service_does_not_keep_its_neighbour_in_the_same_file_from_being_programmed",
+    ) {
+        return;
+    }
+    let sibling = ServiceSpec::cluster_ip("sibling", Ipv4Addr::new(198, 19, 0, 61));
+    let broken = "apiVersion: v1\nkind: Service\nmetadata:\n  name: broken\n  namespace: default\nspec:\n  \
+                  clusterIP: \"198.19.0.60\"\n  selector:\n    app: echo\n  ports:\n    - name: tcp\n      \
+                  protocol: TCP\n      port: 70000\n      targetPort: 8080\n";
+    let text = format!("{broken}---\n{}", sibling.manifest());
+    let cluster = Cluster::builder(USERSPACE).manifest("broken-and-sibling.yaml", &text).start();
+    // The fixture waited for the first sync, so the sibling must answer now.
+    let lab = cluster.lab();
+    let target = sibling.cluster_ip_address(false).unwrap();
+    let reply = lab
+        .tcp_request(lab.pod(POD_ON_THIS_NODE).namespace_name(), target, PROBE_TIMEOUT)
+        .unwrap_or_else(|error| panic!("the sibling of a broken Service {target}: {error}\n{}", cluster.diagnostics()));
+    assert!(ALL_ECHO_PODS.contains(&reply.server_name.as_str()), "answered by {reply:?}");
+
+    // The log names the file, the object and the field.
+    let log = cluster.proxy_log(THIS_NODE);
+    let line = log.lines().find(|line| line.contains("Service default/broken"));
+    let Some(line) = line else {
+        panic!("the proxy's stderr does not name `Service default/broken`:\n{log}");
+    };
+    eprintln!("the proxy reported: {line}");
+    for needle in ["broken-and-sibling.yaml", "spec.ports[0].port", "70000"] {
+        assert!(line.contains(needle), "the proxy's report lacks {needle:?}: {line}");
+    }
+    cluster.teardown();
+}
+
+#[test]
+fn a_service_added_to_the_manifests_is_programmed_within_two_seconds_without_a_restart() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_service_added_to_the_manifests_is_programmed_within_two_seconds_without_a_restart",
+    ) {
+        return;
+    }
+    // The watcher polls every 200 ms; 2 s leaves room for a loaded machine.
+    const WITHIN: Duration = Duration::from_secs(2);
+    let mut cluster = Cluster::start(USERSPACE);
+    let late = ServiceSpec::cluster_ip("late", Ipv4Addr::new(198, 19, 0, 70));
+    let target = late.cluster_ip_address(false).unwrap();
+    let namespace = cluster.lab().pod(POD_ON_THIS_NODE).namespace_name().to_owned();
+    // Before: nothing programmed for it, so nobody answers.
+    assert!(cluster.lab().tcp_request(&namespace, target, Duration::from_millis(300)).is_err());
+
+    cluster.add_service(late);
+    let answered =
+        eventually(WITHIN, || cluster.lab().tcp_request(&namespace, target, Duration::from_millis(200)).ok());
+    let Some((reply, took)) = answered else {
+        panic!("the new Service {target} did not answer within {WITHIN:?}\n{}", cluster.diagnostics());
+    };
+    eprintln!("the new Service answered after {took:?}, by {}", reply.server_name);
+    assert!(ALL_ECHO_PODS.contains(&reply.server_name.as_str()), "answered by {reply:?}");
+    assert!(cluster.proxy(THIS_NODE).exit_status().is_none(), "the proxy is still the same process");
+    cluster.teardown();
+}
+
+#[test]
+fn svcplane_cleanup_removes_the_svcplane_tables_from_the_node() {
+    if !svcplane_testbed::can_run_real_kernel_tests("svcplane_cleanup_removes_the_svcplane_tables_from_the_node") {
+        return;
+    }
+    let mut cluster = Cluster::start(USERSPACE);
+    // Stopped first, as an operator would: the rules stay behind until cleanup.
+    cluster.stop_proxy(THIS_NODE);
+    let lab = cluster.lab();
+    let node = lab.node(THIS_NODE).namespace_name();
+    let tables = lab.exec_ok(node, &["nft", "list", "tables"]).expect("nft list tables");
+    assert!(
+        tables.contains("table ip svcplane") && tables.contains("table ip6 svcplane"),
+        "before cleanup, both svcplane tables exist:\n{tables}"
+    );
+
+    lab.exec_ok(node, &[env!("CARGO_BIN_EXE_svcplane"), "cleanup"]).expect("svcplane cleanup");
+    let tables = lab.exec_ok(node, &["nft", "list", "tables"]).expect("nft list tables");
+    assert!(!tables.contains("svcplane"), "after cleanup no svcplane table is left:\n{tables}");
+    // And the ClusterIP no longer leads to a pod.
+    let target = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
+    let probe = lab.tcp_request(node, target, Duration::from_millis(500));
+    assert!(probe.is_err(), "after cleanup the ClusterIP still answered: {probe:?}");
+    cluster.teardown();
+}
+
+/// What firewall reloads do behind svcplane's back, each followed by the proof that the
+/// ClusterIP answers again within 5 s and the log says what was found.
+fn a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(damage: &[&[&str]]) {
+    const WITHIN: Duration = Duration::from_secs(5);
+    let cluster = Cluster::start(USERSPACE);
+    let lab = cluster.lab();
+    let node = lab.node(THIS_NODE).namespace_name().to_owned();
+    let target = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
+    for command in damage {
+        lab.exec_ok(&node, command).unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    }
+    let broken = lab.tcp_request(&node, target, Duration::from_millis(300));
+    assert!(broken.is_err(), "the damage broke the ClusterIP: {broken:?}\n{}", cluster.proxy_log(THIS_NODE));
+    let repaired = eventually(WITHIN, || lab.tcp_request(&node, target, Duration::from_millis(300)).ok());
+    let Some((reply, took)) = repaired else {
+        panic!("the ClusterIP did not answer again within {WITHIN:?}\n{}", cluster.diagnostics());
+    };
+    eprintln!("{damage:?}: repaired after {took:?}, answered by {}", reply.server_name);
+    let log = cluster.proxy_log(THIS_NODE);
+    assert!(log.contains("behind svcplane's back"), "the proxy says what it found:\n{log}");
+    let repairs = cluster.proxy_metric(THIS_NODE, "svcplane_drift_repairs_total{mode=\"userspace\"}");
+    assert!(repairs >= Some(1.0), "the repair is counted on /metrics: {repairs:?}");
+    cluster.teardown();
+}
+
+#[test]
+fn a_svcplane_table_deleted_behind_its_back_is_put_back_within_five_seconds() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_svcplane_table_deleted_behind_its_back_is_put_back_within_five_seconds",
+    ) {
+        return;
+    }
+    a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(&[&[
+        "nft", "delete", "table", "ip", "svcplane",
+    ]]);
+}
+
+#[test]
+fn a_flushed_ruleset_is_put_back_within_five_seconds() {
+    if !svcplane_testbed::can_run_real_kernel_tests("a_flushed_ruleset_is_put_back_within_five_seconds") {
+        return;
+    }
+    a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(&[&["nft", "flush", "ruleset"]]);
+}
+
+#[test]
+fn a_flushed_svcplane_table_is_put_back_within_five_seconds() {
+    if !svcplane_testbed::can_run_real_kernel_tests("a_flushed_svcplane_table_is_put_back_within_five_seconds") {
+        return;
+    }
+    a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(&[&[
+        "nft", "flush", "table", "ip", "svcplane",
+    ]]);
+}
+
+/// The EndpointSlice (IPv4) of the selector-less `retry` Service: every endpoint at `port`.
+fn retry_slice(suffix: &str, port: u16, pods: &[&str]) -> String {
+    let mut text = format!(
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: retry-{suffix}\n  \
+         namespace: default\n  labels:\n    kubernetes.io/service-name: retry\naddressType: IPv4\nports:\n  \
+         - name: tcp\n    protocol: TCP\n    port: {port}\nendpoints:\n"
+    );
+    for pod in pods {
+        let node = if pod.starts_with("node1") { "node1" } else { "node2" };
+        text.push_str(&format!(
+            "  - addresses: [\"{}\"]\n    conditions:\n      ready: true\n    nodeName: {node}\n",
+            pod_ip(pod, Family::V4)
+        ));
+    }
+    text
+}
+
+#[test]
+fn a_connect_to_a_dead_endpoint_is_retried_on_a_live_one_and_the_client_sees_no_error() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_connect_to_a_dead_endpoint_is_retried_on_a_live_one_and_the_client_sees_no_error",
+    ) {
+        return;
+    }
+    // One live endpoint (the echo server of node1-pod1) and two dead ones on port 8099:
+    // node1-pod2 refuses (nothing listens: a reset), node2-pod2 drops the SYN (a rule in
+    // its namespace: the connect times out).
+    const DEAD_PORT: u16 = 8099;
+    let retry = ServiceSpec {
+        name: "retry",
+        selector: &[],
+        protocols: &[Protocol::Tcp],
+        ..ServiceSpec::cluster_ip("retry", Ipv4Addr::new(198, 19, 0, 80))
+    };
+    let text = format!(
+        "{}{}{}",
+        retry.manifest(),
+        retry_slice("live", ECHO_PORT, &["node1-pod1"]),
+        retry_slice("dead", DEAD_PORT, &["node1-pod2", "node2-pod2"]),
+    );
+    let cluster = Cluster::builder(USERSPACE).manifest("retry.yaml", &text).start();
+    let lab = cluster.lab();
+    let blackhole = "add table ip blackhole; \
+                     add chain ip blackhole input { type filter hook input priority 0; }; \
+                     add rule ip blackhole input tcp dport 8099 drop";
+    lab.exec_ok(lab.pod("node2-pod2").namespace_name(), &["nft", blackhole]).expect("the blackhole rule");
+    let target = retry.cluster_ip_address(false).unwrap();
+    let client = lab.pod(POD_ON_THIS_NODE).namespace_name();
+    // Round robin starts each endpoint's turn within three connections; nine leave room.
+    for sent in 1..=9 {
+        let reply = lab
+            .tcp_request(client, target, Duration::from_secs(3))
+            .unwrap_or_else(|error| panic!("request {sent} to {target} failed: {error}\n{}", cluster.diagnostics()));
+        assert_eq!(reply.server_name, "node1-pod1", "request {sent}: only the live endpoint can answer");
+    }
+    let failures = cluster.proxy_metric(THIS_NODE, "svcplane_userspace_connect_failures_total");
+    assert!(
+        failures >= Some(2.0),
+        "both dead endpoints were tried (and failed) before the live one answered: {failures:?} connect failures"
+    );
+    let exhausted =
+        cluster.proxy_metric(THIS_NODE, "svcplane_userspace_refused_total{reason=\"all_endpoints_failed\"}");
+    assert_eq!(exhausted, Some(0.0), "no client was failed");
+    cluster.teardown();
+}
+
+/// The relay's listeners on `node`'s primary IPv4 address, from `ss` (the health-check
+/// servers listen on the wildcard address, so they are not among them).
+fn relay_listener_ports(cluster: &Cluster, node: u16) -> Vec<u16> {
+    let lab = cluster.lab();
+    let listening = lab.exec_ok(lab.node(node).namespace_name(), &["ss", "-ltnH"]).expect("ss -ltn");
+    let prefix = format!("{}:", lab.node(node).ips()[0]);
+    let mut ports: Vec<u16> = listening
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(3)?.strip_prefix(prefix.as_str())?.parse().ok())
+        .collect();
+    ports.sort_unstable();
+    ports
+}
+
+#[test]
+fn a_client_cannot_reach_a_relay_listener_except_through_a_service_address() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_client_cannot_reach_a_relay_listener_except_through_a_service_address",
+    ) {
+        return;
+    }
+    let cluster = Cluster::start(USERSPACE);
+    let lab = cluster.lab();
+    let ports = relay_listener_ports(&cluster, THIS_NODE);
+    assert!(ports.len() >= 5, "the relay listens for the fixture's Services: {ports:?}");
+    let node_ip = lab.node(THIS_NODE).ips()[0];
+    let outside = lab.client(scenarios::manifests::CLIENT_OUTSIDE_RANGES).namespace_name().to_owned();
+    // Through the Service the relay answers (so the listeners are live) ...
+    let echo = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
+    lab.tcp_request(&outside, echo, PROBE_TIMEOUT).expect("the echo ClusterIP from outside, through the relay");
+    // ... but straight at a listener, from outside, from a pod or from the node, nobody does.
+    let senders = [outside, lab.pod(POD_ON_THIS_NODE).namespace_name().to_owned()];
+    for port in ports.iter().take(5) {
+        for sender in &senders {
+            let direct = std::net::SocketAddr::new(node_ip, *port);
+            let probe = lab.tcp_request(sender, direct, Duration::from_millis(300));
+            assert!(probe.is_err(), "{sender} reached the relay's listener {direct} directly: {probe:?}");
+        }
+    }
+    cluster.teardown();
+}
+
+const USERSPACE_THREE_CONNECTIONS: Backend =
+    Backend { proxy_args: &["--mode", "userspace", "--userspace-max-connections", "3"], ..USERSPACE };
+
+/// A ClusterIP Service in front of the line servers (which keep a connection open until
+/// the client closes it) of every echo pod.
+const CONVERSATIONS: ServiceSpec = ServiceSpec {
+    name: "conversations",
+    protocols: &[Protocol::Tcp],
+    target_port: CONVERSATION_PORT,
+    ..ServiceSpec::cluster_ip("conversations", Ipv4Addr::new(198, 19, 0, 81))
+};
+
+/// A conversation through `target` from the pod on this node, proven by one answer.
+fn converse(cluster: &Cluster, target: std::net::SocketAddr) -> Result<(Conversation, String), String> {
+    let lab = cluster.lab();
+    let namespace = lab.pod(POD_ON_THIS_NODE).namespace_name();
+    let mut conversation =
+        Conversation::open(lab, namespace, Protocol::Tcp, target, PROBE_TIMEOUT).map_err(|e| format!("{e:?}"))?;
+    let reply = conversation.ask(PROBE_TIMEOUT).map_err(|e| format!("{e:?}"))?;
+    Ok((conversation, reply.server_name))
+}
+
+#[test]
+fn a_full_connection_table_refuses_a_new_client_at_once_and_counts_it() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_full_connection_table_refuses_a_new_client_at_once_and_counts_it",
+    ) {
+        return;
+    }
+    let cluster = Cluster::builder(USERSPACE_THREE_CONNECTIONS)
+        .manifest("conversations.yaml", &CONVERSATIONS.manifest())
+        .line_servers(Protocol::Tcp, CONVERSATION_PORT, ALL_ECHO_PODS)
+        .start();
+    let lab = cluster.lab();
+    let target = CONVERSATIONS.cluster_ip_address(false).unwrap();
+    let client = lab.pod(POD_ON_THIS_NODE).namespace_name();
+    // Three conversations held open: the table of the port is full.
+    let mut held: Vec<Conversation> = (0..3)
+        .map(|n| {
+            let opened = converse(&cluster, target);
+            opened.unwrap_or_else(|error| panic!("conversation {n}: {error}\n{}", cluster.diagnostics())).0
+        })
+        .collect();
+
+    // The fourth is refused at once: a reset, not a wait (the kernel completes the
+    // handshake, so the reset may come before connect() returns, or at the first read).
+    let started = std::time::Instant::now();
+    let read = lab
+        .run_in(client, || std::net::TcpStream::connect_timeout(&target, PROBE_TIMEOUT))
+        .expect("the client's namespace")
+        .and_then(|mut fourth| {
+            fourth.set_read_timeout(Some(Duration::from_secs(5)))?;
+            std::io::Write::write_all(&mut fourth, b"hello\n")?;
+            std::io::Read::read(&mut fourth, &mut [0u8; 64])
+        });
+    let took = started.elapsed();
+    assert!(
+        matches!(&read, Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset),
+        "the fourth client sees a reset: {read:?}"
+    );
+    assert!(took < Duration::from_secs(1), "refused at once, not after {took:?}");
+    let refused = cluster.proxy_metric(THIS_NODE, "svcplane_userspace_refused_total{reason=\"max_connections\"}");
+    assert!(refused >= Some(1.0), "the refusal is counted: {refused:?}");
+    let log = cluster.proxy_log(THIS_NODE);
+    assert!(log.contains("connection table of default/conversations") && log.contains("is full"), "and logged:\n{log}");
+    // The held ones still talk.
+    for conversation in &mut held {
+        conversation.ask(PROBE_TIMEOUT).expect("a held conversation goes on");
+    }
+
+    // One held connection ends: a new client is served again.
+    drop(held.pop());
+    let served = eventually(Duration::from_secs(5), || converse(&cluster, target).ok());
+    assert!(served.is_some(), "a slot came back when a connection ended\n{}", cluster.diagnostics());
+    drop(held);
+    cluster.teardown();
+}
+
+const USERSPACE_SHORT_GRACE: Backend =
+    Backend { proxy_args: &["--mode", "userspace", "--userspace-removed-grace", "2"], ..USERSPACE };
+
+/// The selector-less `moving` Service's EndpointSlice: `pod`'s line server.
+fn moving_slice(pod: &str) -> String {
+    let node = if pod.starts_with("node1") { "node1" } else { "node2" };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: moving\n  namespace: default\nspec:\n  \
+         clusterIP: \"198.19.0.82\"\n  ports:\n    - name: tcp\n      protocol: TCP\n      port: 80\n      \
+         targetPort: {CONVERSATION_PORT}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  \
+         name: moving-v4\n  namespace: default\n  labels:\n    kubernetes.io/service-name: moving\n\
+         addressType: IPv4\nports:\n  - name: tcp\n    protocol: TCP\n    port: {CONVERSATION_PORT}\nendpoints:\n  \
+         - addresses: [\"{}\"]\n    conditions:\n      ready: true\n    nodeName: {node}\n",
+        pod_ip(pod, Family::V4)
+    )
+}
+
+#[test]
+fn connections_to_a_removed_endpoint_go_on_for_the_grace_period_then_are_closed() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "connections_to_a_removed_endpoint_go_on_for_the_grace_period_then_are_closed",
+    ) {
+        return;
+    }
+    const GRACE: Duration = Duration::from_secs(2);
+    let cluster = Cluster::builder(USERSPACE_SHORT_GRACE)
+        .manifest("moving.yaml", &moving_slice("node1-pod1"))
+        .line_servers(Protocol::Tcp, CONVERSATION_PORT, &["node1-pod1", "node2-pod2"])
+        .start();
+    let target = std::net::SocketAddr::new(Ipv4Addr::new(198, 19, 0, 82).into(), 80);
+    let opened = eventually(Duration::from_secs(5), || converse(&cluster, target).ok());
+    let Some(((mut old, first), _)) = opened else {
+        panic!("the moving Service did not answer\n{}", cluster.diagnostics());
+    };
+    assert_eq!(first, "node1-pod1");
+
+    // The endpoint is replaced (removed, not terminating).
+    let changed = std::time::Instant::now();
+    cluster.write_file("moving.yaml", &moving_slice("node2-pod2"));
+    let moved =
+        eventually(Duration::from_secs(5), || converse(&cluster, target).ok().filter(|(_, pod)| pod == "node2-pod2"));
+    assert!(moved.is_some(), "new connections did not go to the new endpoint\n{}", cluster.diagnostics());
+    // The removal reached the relay less than `changed.elapsed()` ago: if that is well
+    // within the grace period, the old connection must still talk to the old endpoint.
+    if changed.elapsed() < GRACE / 2 {
+        let reply = old.ask(PROBE_TIMEOUT).expect("the old connection within the grace period");
+        assert_eq!(reply.server_name, "node1-pod1");
+    } else {
+        eprintln!("the change took {:?} to reach the relay: the within-grace check is skipped", changed.elapsed());
+    }
+    // After it, the relay closes it.
+    let closed = eventually(GRACE * 3, || old.ask(Duration::from_millis(300)).is_err().then_some(()));
+    assert!(closed.is_some(), "the connection to the removed endpoint was still open {:?} after", GRACE * 3);
+    let counted = cluster.proxy_metric(THIS_NODE, "svcplane_userspace_closed_removed_total");
+    assert!(counted >= Some(1.0), "the close is counted: {counted:?}");
+    cluster.teardown();
+}
