@@ -12,7 +12,12 @@
 //! - [`plan_slices`] / [`SlicePlanner`] compute the EndpointSlices of a Service with a
 //!   selector from the Pods (and optionally Nodes, for zones), the way the upstream
 //!   EndpointSlice controller would.
-//! - [`reconcile`] runs both over a whole set of parsed manifests ([`ClusterObjects`]) and
+//! - [`load_balancer`] assigns `type: LoadBalancer` addresses from `LoadBalancerIPPool`s
+//!   (held, requested, hashed), never one address twice, and names the cause when a Service
+//!   gets none (pool exhausted, no pool selects it, requested address outside the pools or
+//!   in use, overlapping pools). Used against the API by `svcplane-kube` and here for the
+//!   pools of a manifests directory.
+//! - [`reconcile`] runs them over a whole set of parsed manifests ([`ClusterObjects`]) and
 //!   returns the Services with their allocated fields, the generated plus the explicit
 //!   EndpointSlices, and one [`ControllerError`] per problem, naming the object and field.
 //!
