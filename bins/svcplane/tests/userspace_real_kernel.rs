@@ -387,9 +387,14 @@ fn a_flushed_svcplane_table_is_put_back_within_five_seconds() {
 
 /// The EndpointSlice (IPv4) of the selector-less `retry` Service: every endpoint at `port`.
 fn retry_slice(suffix: &str, port: u16, pods: &[&str]) -> String {
+    slice_of("retry", suffix, port, pods)
+}
+
+/// An EndpointSlice (IPv4) of the selector-less `service`: every endpoint at `port`.
+fn slice_of(service: &str, suffix: &str, port: u16, pods: &[&str]) -> String {
     let mut text = format!(
-        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: retry-{suffix}\n  \
-         namespace: default\n  labels:\n    kubernetes.io/service-name: retry\naddressType: IPv4\nports:\n  \
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-{suffix}\n  \
+         namespace: default\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: IPv4\nports:\n  \
          - name: tcp\n    protocol: TCP\n    port: {port}\nendpoints:\n"
     );
     for pod in pods {
@@ -626,5 +631,58 @@ fn connections_to_a_removed_endpoint_go_on_for_the_grace_period_then_are_closed(
     assert!(closed.is_some(), "the connection to the removed endpoint was still open {:?} after", GRACE * 3);
     let counted = cluster.proxy_metric(THIS_NODE, "svcplane_userspace_closed_removed_total");
     assert!(counted >= Some(1.0), "the close is counted: {counted:?}");
+    cluster.teardown();
+}
+
+#[test]
+fn a_client_that_ends_its_sending_still_gets_the_whole_answer_through_the_relay() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_client_that_ends_its_sending_still_gets_the_whole_answer_through_the_relay",
+    ) {
+        return;
+    }
+    // A server that answers only after the client's EOF: the byte count it read. Through
+    // the relay that needs the half-close passed on (client EOF -> endpoint EOF) while the
+    // other direction stays open for the answer and its own EOF.
+    const PORT: u16 = 7070;
+    const SENT: usize = 3 << 20;
+    let counter = ServiceSpec {
+        name: "counter",
+        selector: &[],
+        protocols: &[Protocol::Tcp],
+        target_port: PORT,
+        ..ServiceSpec::cluster_ip("counter", Ipv4Addr::new(198, 19, 0, 83))
+    };
+    let text = format!("{}{}", counter.manifest(), slice_of("counter", "v4", PORT, &["node1-pod1"]));
+    let cluster = Cluster::builder(USERSPACE).manifest("counter.yaml", &text).start();
+    let lab = cluster.lab();
+    let listener = lab
+        .run_in(lab.pod("node1-pod1").namespace_name(), || std::net::TcpListener::bind(("0.0.0.0", PORT)))
+        .expect("the pod's namespace")
+        .expect("binding the counting server");
+    let server = std::thread::spawn(move || -> std::io::Result<usize> {
+        let (mut stream, _) = listener.accept()?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut received = Vec::new();
+        std::io::Read::read_to_end(&mut stream, &mut received)?;
+        std::io::Write::write_all(&mut stream, format!("{}\n", received.len()).as_bytes())?;
+        Ok(received.len())
+    });
+    let target = counter.cluster_ip_address(false).unwrap();
+    let answer = lab
+        .run_in(lab.pod(POD_ON_THIS_NODE).namespace_name(), || -> std::io::Result<String> {
+            let mut stream = std::net::TcpStream::connect_timeout(&target, PROBE_TIMEOUT)?;
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            std::io::Write::write_all(&mut stream, &vec![b'x'; SENT])?;
+            stream.shutdown(std::net::Shutdown::Write)?;
+            let mut answer = String::new();
+            std::io::Read::read_to_string(&mut stream, &mut answer)?;
+            Ok(answer)
+        })
+        .expect("the client's namespace");
+    let served = server.join().expect("the counting server");
+    assert_eq!(served.as_ref().ok(), Some(&SENT), "the endpoint read everything, then EOF: {served:?}");
+    let answer = answer.unwrap_or_else(|error| panic!("the client's exchange: {error}\n{}", cluster.diagnostics()));
+    assert_eq!(answer, format!("{SENT}\n"), "the answer sent after the client's EOF, then the endpoint's EOF");
     cluster.teardown();
 }

@@ -140,6 +140,7 @@ impl<N: Nftables> UserspaceBackend<N> {
     }
 
     fn sync_plan(&mut self, plan: &NodePlan) -> Result<SyncReport, UserspaceError> {
+        let started = Instant::now();
         if self.relay.is_none() {
             self.relay =
                 Some(Relay::start(self.options.clone(), self.view.stats.clone()).map_err(UserspaceError::Start)?);
@@ -172,6 +173,7 @@ impl<N: Nftables> UserspaceBackend<N> {
             }
             addresses.insert(family, address);
         }
+        let relay_ready = started.elapsed();
         let ports = relay.ports();
         let mut operations = 0;
         for &family in &self.families {
@@ -183,6 +185,7 @@ impl<N: Nftables> UserspaceBackend<N> {
                 source,
             })?;
         }
+        tracing::debug!(?relay_ready, rules_written = ?started.elapsed(), "userspace sync");
         // Only now, with no rule left pointing at them, do unused listeners close.
         relay.retain(&keep);
         *self.view.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =

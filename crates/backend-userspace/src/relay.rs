@@ -31,6 +31,8 @@ pub struct Relay {
     listeners: BTreeMap<(PlanKey, EndpointSetKind), Listener>,
     pools: BTreeMap<PlanKey, Arc<Pool>>,
     stats: Arc<Stats>,
+    /// `RLIMIT_NOFILE` in effect.
+    fd_limit: u64,
 }
 
 /// `namespace/name:port` (`:port` left out for an unnamed port).
@@ -58,6 +60,7 @@ impl Relay {
             listeners: BTreeMap::new(),
             pools: BTreeMap::new(),
             stats,
+            fd_limit: limit,
         })
     }
 
@@ -146,7 +149,8 @@ impl Relay {
     }
 
     /// Closes listeners and pools not in `keep`. Open connections of a closed pool get
-    /// their grace period.
+    /// their grace period. The connections' descriptor budget is what the listeners and
+    /// the reserve leave.
     pub fn retain(&mut self, keep: &HashSet<(PlanKey, EndpointSetKind)>) {
         self.listeners.retain(|id, listener| {
             let kept = keep.contains(id);
@@ -163,6 +167,8 @@ impl Relay {
             }
             kept
         });
+        let budget = self.fd_limit.saturating_sub(FD_RESERVE + self.listeners.len() as u64);
+        self.stats.fd_budget.store(budget, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

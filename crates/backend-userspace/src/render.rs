@@ -402,3 +402,108 @@ pub fn render_family(
     operations.extend(elements);
     Transaction { table: table_name(family), operations }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use svcplane_core::{
+        Change, ClusterState, Endpoint, EndpointPort, EndpointSlice, NamespacedName, NodeConfig, NodePortAddresses,
+        Service, ServicePort,
+    };
+    use svcplane_nft::{FakeNftables, Nftables};
+
+    const NODE: &str = "198.18.0.11";
+
+    fn plan(protocol: Protocol, endpoints: &[&str]) -> NodePlan {
+        let mut state = ClusterState::new();
+        let name = NamespacedName::new("default", "web");
+        state.apply(Change::ServiceUpserted(Service::cluster_ip(
+            name.clone(),
+            vec!["198.19.0.10".parse().unwrap()],
+            vec![ServicePort { name: "http".into(), protocol, port: 80, node_port: None }],
+        )));
+        state.apply(Change::SliceUpserted(EndpointSlice {
+            last_change_trigger: None,
+            name: NamespacedName::new("default", "web-abc"),
+            service: name,
+            family: IpFamily::V4,
+            ports: vec![EndpointPort { name: "http".into(), protocol, port: 8080 }],
+            endpoints: endpoints.iter().map(|ip| Endpoint::ready(ip.parse().unwrap(), Some("node1"))).collect(),
+        }));
+        NodePlan::build(
+            &state,
+            NodeConfig {
+                node_name: "node1".into(),
+                node_ips: vec![NODE.parse().unwrap()],
+                cluster_cidrs: vec!["198.18.128.0/17".parse().unwrap()],
+                node_port_addresses: NodePortAddresses::AllLocal,
+            },
+        )
+    }
+
+    /// Renders the IPv4 table with a listener on `port` for every used set, and applies it
+    /// to the fake kernel, which refuses what the kernel would.
+    fn applied(plan: &NodePlan, port: u16) -> FakeNftables {
+        let mut ports = ListenerPorts::new();
+        for (key, port_plan) in &plan.service_ports {
+            for set in used_sets(port_plan) {
+                ports.insert((key.clone(), set), port);
+            }
+        }
+        let mut nft = FakeNftables::new();
+        nft.apply(&render_family(plan, IpFamily::V4, Some(NODE.parse().unwrap()), &ports)).expect("a valid table");
+        // A second sync replaces the table whole.
+        nft.apply(&render_family(plan, IpFamily::V4, Some(NODE.parse().unwrap()), &ports)).expect("a resync");
+        nft
+    }
+
+    #[test]
+    fn every_route_marks_the_packet_and_dnats_it_to_its_listener_on_the_node_address() {
+        let plan = plan(Protocol::Tcp, &["198.18.129.2", "198.18.130.2"]);
+        let nft = applied(&plan, 40_000);
+        let table = nft.table(&table_name(IpFamily::V4)).expect("the table");
+        let chain = "internal-default/web/tcp/http";
+        let rules = table.rules(chain).unwrap_or_else(|| panic!("{chain} in {}", nft.dump()));
+        // The plan's two ClusterIP routes (off-cluster sources first), both to the cluster set.
+        assert_eq!(rules.len(), 2);
+        for rule in rules {
+            let tail = &rule.statements[rule.statements.len() - 2..];
+            assert_eq!(
+                tail,
+                [
+                    Statement::SetMarkBits(RELAYED_MARK),
+                    Statement::Dnat { address: NODE.parse().unwrap(), port: Some(40_000) }
+                ]
+            );
+        }
+        let key = [Value::Address(NODE.parse().unwrap()), Value::Protocol(6), Value::Port(40_000)];
+        assert!(table.element(RELAY_LISTENERS, &key).is_some(), "the listener is guarded");
+        let frontend = [Value::Address("198.19.0.10".parse().unwrap()), Value::Protocol(6), Value::Port(80)];
+        assert!(table.element(SERVICE_IPS, &frontend).is_some(), "the ClusterIP dispatches to its chain");
+        assert!(table.element(NO_ENDPOINT_SERVICES, &frontend).is_none(), "and is not refused");
+    }
+
+    #[test]
+    fn a_service_without_endpoints_is_refused_in_the_kernel_and_gets_no_listener() {
+        let plan = plan(Protocol::Tcp, &[]);
+        assert!(plan.service_ports.values().all(|p| used_sets(p).is_empty()));
+        let nft = applied(&plan, 40_000);
+        let table = nft.table(&table_name(IpFamily::V4)).expect("the table");
+        let frontend = [Value::Address("198.19.0.10".parse().unwrap()), Value::Protocol(6), Value::Port(80)];
+        let refused = table.element(NO_ENDPOINT_SERVICES, &frontend).expect("a refusal");
+        assert_eq!(refused.value, Some(ElementValue::Verdict(Verdict::Goto(REJECT_WITH_RESET.to_owned()))));
+        assert!(table.element(SERVICE_IPS, &frontend).is_none());
+        assert!(table.elements(RELAY_LISTENERS).unwrap_or_default().is_empty());
+    }
+
+    #[test]
+    fn an_sctp_port_is_refused_even_with_endpoints_since_the_relay_does_not_speak_it() {
+        let plan = plan(Protocol::Sctp, &["198.18.129.2"]);
+        let nft = applied(&plan, 40_000);
+        let table = nft.table(&table_name(IpFamily::V4)).expect("the table");
+        let frontend = [Value::Address("198.19.0.10".parse().unwrap()), Value::Protocol(132), Value::Port(80)];
+        assert!(table.element(SERVICE_IPS, &frontend).is_none(), "no route to a listener");
+        let refused = table.element(NO_ENDPOINT_SERVICES, &frontend).expect("a refusal");
+        assert_eq!(refused.value, Some(ElementValue::Verdict(Verdict::Goto(REJECT_WITH_ICMP.to_owned()))));
+    }
+}
