@@ -11,13 +11,12 @@
 
 mod scenarios;
 
-use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use scenarios::cluster::{Backend, Cluster, ECHO_SERVICE, POD_ON_THIS_NODE, ServiceSpec, THIS_NODE};
 use scenarios::manifests::{self, CONVERSATION_PORT, ECHO_PORT};
-use scenarios::{ALL_ECHO_PODS, Family, NodePortAddresses, Protocol, check_rows, eventually};
+use scenarios::{Family, NodePortAddresses, Protocol, check_rows, eventually};
 
 const LEGACY: Backend = Backend {
     name: "iptables-legacy",
@@ -37,8 +36,6 @@ const NFT: Backend = Backend {
     node_cgroups: false,
 };
 
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
 fn check_table(backend: Backend, rows: &[scenarios::Scenario]) {
     let cluster = Cluster::start(backend);
     check_rows(&cluster, rows);
@@ -56,60 +53,6 @@ fn program(backend: Backend, family: Family, tool: &str) -> String {
     let variant = backend.name.trim_start_matches("iptables-");
     let stem = if family == Family::V6 { "ip6tables" } else { "iptables" };
     if tool.is_empty() { format!("{stem}-{variant}") } else { format!("{stem}-{variant}-{tool}") }
-}
-
-/// Counts which pod answered each of `requests` TCP requests to the echo ClusterIP from the
-/// client pod on node1. Any failed request fails the test.
-fn answers_from_pod_on_this_node(cluster: &Cluster, requests: usize) -> BTreeMap<String, usize> {
-    let lab = cluster.lab();
-    let target = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
-    let namespace = lab.pod(POD_ON_THIS_NODE).namespace_name();
-    let mut answers = BTreeMap::new();
-    for sent in 0..requests {
-        let reply = lab
-            .tcp_request(namespace, target, PROBE_TIMEOUT)
-            .unwrap_or_else(|error| panic!("request {} of {requests} to {target}: {error}", sent + 1));
-        *answers.entry(reply.server_name).or_insert(0) += 1;
-    }
-    answers
-}
-
-fn two_hundred_requests_reach_every_endpoint_evenly(backend: Backend) {
-    let cluster = Cluster::start(backend);
-    let answers = answers_from_pod_on_this_node(&cluster, 200);
-    // Binomial(200, 1/4): 20 and 90 are 4.9 and 6.5 standard deviations from the mean of
-    // 50, so this never flakes yet catches a broken cascade (e.g. 1/2, 1/4, 1/8, 1/8).
-    let (low, high) = (20, 90);
-    let names: Vec<&str> = answers.keys().map(String::as_str).collect();
-    assert_eq!(names, ALL_ECHO_PODS, "every endpoint and nothing else answers: {answers:?}");
-    for (pod, count) in &answers {
-        assert!((low..=high).contains(count), "{pod} answered {count} of 200 (allowed {low}..={high}): {answers:?}");
-    }
-    cluster.teardown();
-}
-
-fn a_pod_that_turns_not_ready_stops_receiving_traffic_and_returns(backend: Backend) {
-    const POD: &str = "node1-pod2";
-    const WITHIN: Duration = Duration::from_secs(5);
-    // A batch without the pod has odds of 0.75^40 (1e-5) while it is still an endpoint.
-    const BATCH: usize = 40;
-    let cluster = Cluster::start(backend);
-    cluster.set_pod_ready(POD, false);
-    let gone = eventually(WITHIN, || {
-        let answers = answers_from_pod_on_this_node(&cluster, BATCH);
-        (!answers.contains_key(POD)).then_some(answers)
-    });
-    let Some((_, took)) = gone else {
-        panic!("{POD} still answered {WITHIN:?} after turning not-Ready\n{}", cluster.diagnostics());
-    };
-    eprintln!("{POD} stopped receiving traffic {took:?} after turning not-Ready");
-    let answers = answers_from_pod_on_this_node(&cluster, BATCH);
-    let names: Vec<&str> = answers.keys().map(String::as_str).collect();
-    assert_eq!(names, ["node1-pod1", "node2-pod1", "node2-pod2"], "after {POD} turned not-Ready");
-    cluster.set_pod_ready(POD, true);
-    let back = eventually(WITHIN, || answers_from_pod_on_this_node(&cluster, 10).get(POD).copied());
-    assert!(back.is_some(), "{POD} did not answer again {WITHIN:?} after turning Ready\n{}", cluster.diagnostics());
-    cluster.teardown();
 }
 
 /// The IPv4 or IPv6 section of `svcplane render --mode iptables` output.
@@ -422,7 +365,7 @@ macro_rules! variant_tests {
                 ) {
                     return;
                 }
-                two_hundred_requests_reach_every_endpoint_evenly($backend);
+                scenarios::common::requests_reach_every_endpoint_evenly($backend);
             }
 
             #[test]
@@ -432,7 +375,7 @@ macro_rules! variant_tests {
                 ) {
                     return;
                 }
-                a_pod_that_turns_not_ready_stops_receiving_traffic_and_returns($backend);
+                scenarios::common::a_pod_turning_not_ready_stops_receiving_traffic_and_returns($backend);
             }
 
             #[test]

@@ -8,7 +8,6 @@
 
 mod scenarios;
 
-use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -170,22 +169,6 @@ fn endpoint_changes_remove_stale_udp_flows_and_keep_flows_to_terminating_endpoin
     cluster.teardown();
 }
 
-/// Counts which pod answered each of `requests` TCP requests to the echo ClusterIP from the
-/// client pod on node1. Any failed request fails the test.
-fn answers_from_pod_on_this_node(cluster: &Cluster, requests: usize) -> BTreeMap<String, usize> {
-    let lab = cluster.lab();
-    let target = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
-    let namespace = lab.pod(POD_ON_THIS_NODE).namespace_name();
-    let mut answers = BTreeMap::new();
-    for sent in 0..requests {
-        let reply = lab
-            .tcp_request(namespace, target, PROBE_TIMEOUT)
-            .unwrap_or_else(|error| panic!("request {} of {requests} to {target}: {error}", sent + 1));
-        *answers.entry(reply.server_name).or_insert(0) += 1;
-    }
-    answers
-}
-
 #[test]
 fn two_hundred_requests_to_a_four_endpoint_service_reach_every_endpoint_evenly() {
     if !svcplane_testbed::can_run_real_kernel_tests(
@@ -193,17 +176,7 @@ fn two_hundred_requests_to_a_four_endpoint_service_reach_every_endpoint_evenly()
     ) {
         return;
     }
-    let cluster = Cluster::start(USERSPACE);
-    let answers = answers_from_pod_on_this_node(&cluster, 200);
-    // Binomial(200, 1/4): 20 and 90 are 4.9 and 6.5 standard deviations from the mean of
-    // 50, so this never flakes yet catches a broken cascade (e.g. 1/2, 1/4, 1/8, 1/8).
-    let (low, high) = (20, 90);
-    let names: Vec<&str> = answers.keys().map(String::as_str).collect();
-    assert_eq!(names, ALL_ECHO_PODS, "every endpoint and nothing else answers: {answers:?}");
-    for (pod, count) in &answers {
-        assert!((low..=high).contains(count), "{pod} answered {count} of 200 (allowed {low}..={high}): {answers:?}");
-    }
-    cluster.teardown();
+    scenarios::common::requests_reach_every_endpoint_evenly(USERSPACE);
 }
 
 #[test]
@@ -213,33 +186,7 @@ fn a_pod_that_turns_not_ready_stops_receiving_traffic_within_five_seconds_and_re
     ) {
         return;
     }
-    const POD: &str = "node1-pod2";
-    const WITHIN: Duration = Duration::from_secs(5);
-    // A batch without the pod has odds of 0.75^40 (1e-5) while it is still an endpoint.
-    const BATCH: usize = 40;
-    let cluster = Cluster::start(USERSPACE);
-
-    cluster.set_pod_ready(POD, false);
-    let gone = eventually(WITHIN, || {
-        let answers = answers_from_pod_on_this_node(&cluster, BATCH);
-        (!answers.contains_key(POD)).then_some(answers)
-    });
-    let Some((_, took)) = gone else {
-        panic!("{POD} still answered {WITHIN:?} after turning not-Ready\n{}", cluster.diagnostics());
-    };
-    eprintln!("{POD} stopped receiving traffic {took:?} after turning not-Ready");
-    // Stays out, while the three others keep answering.
-    let answers = answers_from_pod_on_this_node(&cluster, BATCH);
-    let names: Vec<&str> = answers.keys().map(String::as_str).collect();
-    assert_eq!(names, ["node1-pod1", "node2-pod1", "node2-pod2"], "after {POD} turned not-Ready");
-
-    cluster.set_pod_ready(POD, true);
-    let back = eventually(WITHIN, || answers_from_pod_on_this_node(&cluster, 10).get(POD).copied());
-    let Some((_, took)) = back else {
-        panic!("{POD} did not answer again {WITHIN:?} after turning Ready\n{}", cluster.diagnostics());
-    };
-    eprintln!("{POD} answered again {took:?} after turning Ready");
-    cluster.teardown();
+    scenarios::common::a_pod_turning_not_ready_stops_receiving_traffic_and_returns(USERSPACE);
 }
 
 #[test]
@@ -249,31 +196,7 @@ fn a_broken_service_does_not_keep_its_neighbour_in_the_same_file_from_being_prog
     ) {
         return;
     }
-    let sibling = ServiceSpec::cluster_ip("sibling", Ipv4Addr::new(198, 19, 0, 61));
-    let broken = "apiVersion: v1\nkind: Service\nmetadata:\n  name: broken\n  namespace: default\nspec:\n  \
-                  clusterIP: \"198.19.0.60\"\n  selector:\n    app: echo\n  ports:\n    - name: tcp\n      \
-                  protocol: TCP\n      port: 70000\n      targetPort: 8080\n";
-    let text = format!("{broken}---\n{}", sibling.manifest());
-    let cluster = Cluster::builder(USERSPACE).manifest("broken-and-sibling.yaml", &text).start();
-    // The fixture waited for the first sync, so the sibling must answer now.
-    let lab = cluster.lab();
-    let target = sibling.cluster_ip_address(false).unwrap();
-    let reply = lab
-        .tcp_request(lab.pod(POD_ON_THIS_NODE).namespace_name(), target, PROBE_TIMEOUT)
-        .unwrap_or_else(|error| panic!("the sibling of a broken Service {target}: {error}\n{}", cluster.diagnostics()));
-    assert!(ALL_ECHO_PODS.contains(&reply.server_name.as_str()), "answered by {reply:?}");
-
-    // The log names the file, the object and the field.
-    let log = cluster.proxy_log(THIS_NODE);
-    let line = log.lines().find(|line| line.contains("Service default/broken"));
-    let Some(line) = line else {
-        panic!("the proxy's stderr does not name `Service default/broken`:\n{log}");
-    };
-    eprintln!("the proxy reported: {line}");
-    for needle in ["broken-and-sibling.yaml", "spec.ports[0].port", "70000"] {
-        assert!(line.contains(needle), "the proxy's report lacks {needle:?}: {line}");
-    }
-    cluster.teardown();
+    scenarios::common::a_broken_service_does_not_keep_its_neighbour_from_being_programmed(USERSPACE);
 }
 
 #[test]
@@ -283,25 +206,7 @@ fn a_service_added_to_the_manifests_is_programmed_within_two_seconds_without_a_r
     ) {
         return;
     }
-    // The watcher polls every 200 ms; 2 s leaves room for a loaded machine.
-    const WITHIN: Duration = Duration::from_secs(2);
-    let mut cluster = Cluster::start(USERSPACE);
-    let late = ServiceSpec::cluster_ip("late", Ipv4Addr::new(198, 19, 0, 70));
-    let target = late.cluster_ip_address(false).unwrap();
-    let namespace = cluster.lab().pod(POD_ON_THIS_NODE).namespace_name().to_owned();
-    // Before: nothing programmed for it, so nobody answers.
-    assert!(cluster.lab().tcp_request(&namespace, target, Duration::from_millis(300)).is_err());
-
-    cluster.add_service(late);
-    let answered =
-        eventually(WITHIN, || cluster.lab().tcp_request(&namespace, target, Duration::from_millis(200)).ok());
-    let Some((reply, took)) = answered else {
-        panic!("the new Service {target} did not answer within {WITHIN:?}\n{}", cluster.diagnostics());
-    };
-    eprintln!("the new Service answered after {took:?}, by {}", reply.server_name);
-    assert!(ALL_ECHO_PODS.contains(&reply.server_name.as_str()), "answered by {reply:?}");
-    assert!(cluster.proxy(THIS_NODE).exit_status().is_none(), "the proxy is still the same process");
-    cluster.teardown();
+    scenarios::common::a_service_added_to_the_manifests_is_programmed_without_a_restart(USERSPACE);
 }
 
 #[test]
@@ -309,50 +214,7 @@ fn svcplane_cleanup_removes_the_svcplane_tables_from_the_node() {
     if !svcplane_testbed::can_run_real_kernel_tests("svcplane_cleanup_removes_the_svcplane_tables_from_the_node") {
         return;
     }
-    let mut cluster = Cluster::start(USERSPACE);
-    // Stopped first, as an operator would: the rules stay behind until cleanup.
-    cluster.stop_proxy(THIS_NODE);
-    let lab = cluster.lab();
-    let node = lab.node(THIS_NODE).namespace_name();
-    let tables = lab.exec_ok(node, &["nft", "list", "tables"]).expect("nft list tables");
-    assert!(
-        tables.contains("table ip svcplane") && tables.contains("table ip6 svcplane"),
-        "before cleanup, both svcplane tables exist:\n{tables}"
-    );
-
-    lab.exec_ok(node, &[env!("CARGO_BIN_EXE_svcplane"), "cleanup"]).expect("svcplane cleanup");
-    let tables = lab.exec_ok(node, &["nft", "list", "tables"]).expect("nft list tables");
-    assert!(!tables.contains("svcplane"), "after cleanup no svcplane table is left:\n{tables}");
-    // And the ClusterIP no longer leads to a pod.
-    let target = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
-    let probe = lab.tcp_request(node, target, Duration::from_millis(500));
-    assert!(probe.is_err(), "after cleanup the ClusterIP still answered: {probe:?}");
-    cluster.teardown();
-}
-
-/// What firewall reloads do behind svcplane's back, each followed by the proof that the
-/// ClusterIP answers again within 5 s and the log says what was found.
-fn a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(damage: &[&[&str]]) {
-    const WITHIN: Duration = Duration::from_secs(5);
-    let cluster = Cluster::start(USERSPACE);
-    let lab = cluster.lab();
-    let node = lab.node(THIS_NODE).namespace_name().to_owned();
-    let target = cluster.service(ECHO_SERVICE).unwrap().cluster_ip_address(false).unwrap();
-    for command in damage {
-        lab.exec_ok(&node, command).unwrap_or_else(|e| panic!("{command:?}: {e}"));
-    }
-    let broken = lab.tcp_request(&node, target, Duration::from_millis(300));
-    assert!(broken.is_err(), "the damage broke the ClusterIP: {broken:?}\n{}", cluster.proxy_log(THIS_NODE));
-    let repaired = eventually(WITHIN, || lab.tcp_request(&node, target, Duration::from_millis(300)).ok());
-    let Some((reply, took)) = repaired else {
-        panic!("the ClusterIP did not answer again within {WITHIN:?}\n{}", cluster.diagnostics());
-    };
-    eprintln!("{damage:?}: repaired after {took:?}, answered by {}", reply.server_name);
-    let log = cluster.proxy_log(THIS_NODE);
-    assert!(log.contains("behind svcplane's back"), "the proxy says what it found:\n{log}");
-    let repairs = cluster.proxy_metric(THIS_NODE, "svcplane_drift_repairs_total{mode=\"userspace\"}");
-    assert!(repairs >= Some(1.0), "the repair is counted on /metrics: {repairs:?}");
-    cluster.teardown();
+    scenarios::common::svcplane_cleanup_removes_the_svcplane_nftables_tables(USERSPACE);
 }
 
 #[test]
@@ -362,9 +224,11 @@ fn a_svcplane_table_deleted_behind_its_back_is_put_back_within_five_seconds() {
     ) {
         return;
     }
-    a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(&[&[
-        "nft", "delete", "table", "ip", "svcplane",
-    ]]);
+    scenarios::common::a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(
+        USERSPACE,
+        "userspace",
+        &[&["nft", "delete", "table", "ip", "svcplane"]],
+    );
 }
 
 #[test]
@@ -372,7 +236,11 @@ fn a_flushed_ruleset_is_put_back_within_five_seconds() {
     if !svcplane_testbed::can_run_real_kernel_tests("a_flushed_ruleset_is_put_back_within_five_seconds") {
         return;
     }
-    a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(&[&["nft", "flush", "ruleset"]]);
+    scenarios::common::a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(
+        USERSPACE,
+        "userspace",
+        &[&["nft", "flush", "ruleset"]],
+    );
 }
 
 #[test]
@@ -380,9 +248,11 @@ fn a_flushed_svcplane_table_is_put_back_within_five_seconds() {
     if !svcplane_testbed::can_run_real_kernel_tests("a_flushed_svcplane_table_is_put_back_within_five_seconds") {
         return;
     }
-    a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(&[&[
-        "nft", "flush", "table", "ip", "svcplane",
-    ]]);
+    scenarios::common::a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(
+        USERSPACE,
+        "userspace",
+        &[&["nft", "flush", "table", "ip", "svcplane"]],
+    );
 }
 
 /// The EndpointSlice (IPv4) of the selector-less `retry` Service: every endpoint at `port`.

@@ -23,6 +23,7 @@
 pub mod agreement;
 pub mod backends;
 pub mod cluster;
+pub mod common;
 pub mod fake;
 pub mod manifests;
 pub mod net;
