@@ -20,6 +20,22 @@
 // Every backend's test crate includes this module and uses its own subset of it.
 #![allow(dead_code, unused_imports)]
 
+/// One real-kernel test: `real_kernel_test!(a_sentence_naming_it, body)` runs `body` when
+/// this process may program the kernel, and says why it skips otherwise (a skip fails
+/// under `SVCPLANE_REQUIRE_ROOT`).
+#[macro_export]
+macro_rules! real_kernel_test {
+    ($name:ident, $body:expr) => {
+        #[test]
+        fn $name() {
+            if !svcplane_testbed::can_run_real_kernel_tests(stringify!($name)) {
+                return;
+            }
+            $body;
+        }
+    };
+}
+
 pub mod agreement;
 pub mod backends;
 pub mod cluster;
