@@ -14,8 +14,8 @@ use svcplane_core::{
     SourceMatch, Unrouted,
 };
 use svcplane_nft::{
-    BaseChain, Chain, ChainType, CmpOp, DataType, Element, ElementValue, Expr, Family, FibAddress, Hook, Match,
-    Operation, RejectKind, Rule, Set, Statement, TableName, Value, Verdict,
+    ChainType, CmpOp, DataType, Element, ElementValue, Expr, Family, FibAddress, Hook, Match, Operation, RejectKind,
+    Rule, Set, Statement, TableName, Value, Verdict,
 };
 
 use crate::names::service_object;
@@ -68,33 +68,6 @@ pub struct PortObjects {
     pub sets: Vec<Set>,
 }
 
-fn map(name: &str, key: Vec<DataType>) -> Operation {
-    Operation::AddSet(Set {
-        name: name.to_owned(),
-        key,
-        value: Some(vec![DataType::Verdict]),
-        interval: false,
-        dynamic_timeout: None,
-        comment: None,
-    })
-}
-
-fn chain(name: &str, base: Option<(ChainType, Hook, i32)>) -> Operation {
-    Operation::AddChain(Chain {
-        name: name.to_owned(),
-        base: base.map(|(chain_type, hook, priority)| BaseChain { chain_type, hook, priority }),
-        comment: None,
-    })
-}
-
-fn rule(chain: &str, statements: Vec<Statement>) -> Operation {
-    Operation::AddRule(Rule { chain: chain.to_owned(), statements, comment: None })
-}
-
-fn jump(target: &str) -> Statement {
-    Statement::Verdict(Verdict::Jump(target.to_owned()))
-}
-
 fn dispatch_keys() -> Vec<Expr> {
     vec![Expr::DestinationAddress, Expr::L4Proto, Expr::DestinationPort]
 }
@@ -123,11 +96,11 @@ fn node_port_destination(family: IpFamily, plan: &NodePlan) -> Vec<Statement> {
 pub fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
     let addr = address_type(family);
     let mut ops = vec![Operation::AddTable { comment: Some("rules for svcplane".to_owned()) }];
-    ops.push(map(SERVICE_IPS, vec![addr, DataType::InetProto, DataType::InetService]));
-    ops.push(map(SERVICE_NODEPORTS, vec![DataType::InetProto, DataType::InetService]));
-    ops.push(map(NO_ENDPOINT_SERVICES, vec![addr, DataType::InetProto, DataType::InetService]));
-    ops.push(map(NO_ENDPOINT_NODEPORTS, vec![DataType::InetProto, DataType::InetService]));
-    ops.push(map(FIREWALL_IPS, vec![addr, DataType::InetProto, DataType::InetService]));
+    ops.push(Operation::add_verdict_map(SERVICE_IPS, vec![addr, DataType::InetProto, DataType::InetService]));
+    ops.push(Operation::add_verdict_map(SERVICE_NODEPORTS, vec![DataType::InetProto, DataType::InetService]));
+    ops.push(Operation::add_verdict_map(NO_ENDPOINT_SERVICES, vec![addr, DataType::InetProto, DataType::InetService]));
+    ops.push(Operation::add_verdict_map(NO_ENDPOINT_NODEPORTS, vec![DataType::InetProto, DataType::InetService]));
+    ops.push(Operation::add_verdict_map(FIREWALL_IPS, vec![addr, DataType::InetProto, DataType::InetService]));
     ops.push(Operation::AddSet(Set {
         name: HAIRPIN_ENDPOINTS.to_owned(),
         key: vec![addr, addr],
@@ -163,41 +136,44 @@ pub fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
         REJECT_WITH_RESET,
         REJECT_WITH_ICMP,
     ] {
-        ops.push(chain(name, None));
+        ops.push(Operation::add_chain(name, None));
     }
-    ops.push(chain("nat-prerouting", Some((ChainType::Nat, Hook::Prerouting, -100))));
-    ops.push(chain("nat-output", Some((ChainType::Nat, Hook::Output, -100))));
-    ops.push(chain("nat-postrouting", Some((ChainType::Nat, Hook::Postrouting, 100))));
-    ops.push(chain("filter-prerouting-pre-dnat", Some((ChainType::Filter, Hook::Prerouting, -110))));
-    ops.push(chain("filter-output-pre-dnat", Some((ChainType::Filter, Hook::Output, -110))));
-    ops.push(chain("filter-input", Some((ChainType::Filter, Hook::Input, 0))));
-    ops.push(chain("filter-forward", Some((ChainType::Filter, Hook::Forward, 0))));
-    ops.push(chain("filter-output", Some((ChainType::Filter, Hook::Output, 0))));
+    ops.push(Operation::add_chain("nat-prerouting", Some((ChainType::Nat, Hook::Prerouting, -100))));
+    ops.push(Operation::add_chain("nat-output", Some((ChainType::Nat, Hook::Output, -100))));
+    ops.push(Operation::add_chain("nat-postrouting", Some((ChainType::Nat, Hook::Postrouting, 100))));
+    ops.push(Operation::add_chain("filter-prerouting-pre-dnat", Some((ChainType::Filter, Hook::Prerouting, -110))));
+    ops.push(Operation::add_chain("filter-output-pre-dnat", Some((ChainType::Filter, Hook::Output, -110))));
+    ops.push(Operation::add_chain("filter-input", Some((ChainType::Filter, Hook::Input, 0))));
+    ops.push(Operation::add_chain("filter-forward", Some((ChainType::Filter, Hook::Forward, 0))));
+    ops.push(Operation::add_chain("filter-output", Some((ChainType::Filter, Hook::Output, 0))));
 
     let new = || Statement::Match(Match::CtStateNew);
-    ops.push(rule("nat-prerouting", vec![jump("services")]));
-    ops.push(rule("nat-output", vec![jump("services")]));
-    ops.push(rule("nat-postrouting", vec![jump("masquerading")]));
-    ops.push(rule("filter-prerouting-pre-dnat", vec![new(), jump("firewall-check")]));
-    ops.push(rule("filter-output-pre-dnat", vec![new(), jump("firewall-check")]));
-    ops.push(rule("filter-input", vec![new(), jump("nodeport-endpoints-check")]));
-    ops.push(rule("filter-input", vec![new(), jump("service-endpoints-check")]));
-    ops.push(rule("filter-forward", vec![new(), jump("service-endpoints-check")]));
-    ops.push(rule("filter-output", vec![new(), jump("service-endpoints-check")]));
+    ops.push(Operation::add_rule("nat-prerouting", vec![Statement::jump("services")]));
+    ops.push(Operation::add_rule("nat-output", vec![Statement::jump("services")]));
+    ops.push(Operation::add_rule("nat-postrouting", vec![Statement::jump("masquerading")]));
+    ops.push(Operation::add_rule("filter-prerouting-pre-dnat", vec![new(), Statement::jump("firewall-check")]));
+    ops.push(Operation::add_rule("filter-output-pre-dnat", vec![new(), Statement::jump("firewall-check")]));
+    ops.push(Operation::add_rule("filter-input", vec![new(), Statement::jump("nodeport-endpoints-check")]));
+    ops.push(Operation::add_rule("filter-input", vec![new(), Statement::jump("service-endpoints-check")]));
+    ops.push(Operation::add_rule("filter-forward", vec![new(), Statement::jump("service-endpoints-check")]));
+    ops.push(Operation::add_rule("filter-output", vec![new(), Statement::jump("service-endpoints-check")]));
 
-    ops.push(rule("services", vec![Statement::VerdictMap { keys: dispatch_keys(), map: SERVICE_IPS.to_owned() }]));
+    ops.push(Operation::add_rule(
+        "services",
+        vec![Statement::VerdictMap { keys: dispatch_keys(), map: SERVICE_IPS.to_owned() }],
+    ));
     let mut node_ports = node_port_destination(family, plan);
     node_ports.push(Statement::VerdictMap {
         keys: vec![Expr::L4Proto, Expr::DestinationPort],
         map: SERVICE_NODEPORTS.to_owned(),
     });
-    ops.push(rule("services", node_ports));
+    ops.push(Operation::add_rule("services", node_ports));
 
-    ops.push(rule(
+    ops.push(Operation::add_rule(
         "firewall-check",
         vec![Statement::VerdictMap { keys: dispatch_keys(), map: FIREWALL_IPS.to_owned() }],
     ));
-    ops.push(rule(
+    ops.push(Operation::add_rule(
         "service-endpoints-check",
         vec![Statement::VerdictMap { keys: dispatch_keys(), map: NO_ENDPOINT_SERVICES.to_owned() }],
     ));
@@ -206,21 +182,21 @@ pub fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
         keys: vec![Expr::L4Proto, Expr::DestinationPort],
         map: NO_ENDPOINT_NODEPORTS.to_owned(),
     });
-    ops.push(rule("nodeport-endpoints-check", no_node_port));
+    ops.push(Operation::add_rule("nodeport-endpoints-check", no_node_port));
     // `reject` is not a verdict a map can hold, hence a chain per way of refusing (the
     // plan says which a port uses). A reset needs a TCP packet to answer.
-    ops.push(rule(
+    ops.push(Operation::add_rule(
         REJECT_WITH_RESET,
         vec![
             Statement::Match(Match::Compare { left: Expr::L4Proto, op: CmpOp::Eq, right: Value::Protocol(6) }),
             Statement::Reject(RejectKind::TcpReset),
         ],
     ));
-    ops.push(rule(REJECT_WITH_RESET, vec![Statement::Reject(RejectKind::PortUnreachable)]));
-    ops.push(rule(REJECT_WITH_ICMP, vec![Statement::Reject(RejectKind::PortUnreachable)]));
+    ops.push(Operation::add_rule(REJECT_WITH_RESET, vec![Statement::Reject(RejectKind::PortUnreachable)]));
+    ops.push(Operation::add_rule(REJECT_WITH_ICMP, vec![Statement::Reject(RejectKind::PortUnreachable)]));
 
     // Hairpin: the endpoints of ports whose plan says `masquerade_hairpin` are in the set.
-    ops.push(rule(
+    ops.push(Operation::add_rule(
         "masquerading",
         vec![
             Statement::Match(Match::InSet {
@@ -231,7 +207,7 @@ pub fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
             Statement::SetMarkBits(MASQUERADE_MARK),
         ],
     ));
-    ops.push(rule(
+    ops.push(Operation::add_rule(
         "masquerading",
         vec![
             Statement::Match(Match::MarkMasked { mask: MASQUERADE_MARK, op: CmpOp::Eq, value: 0 }),
@@ -239,8 +215,8 @@ pub fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
         ],
     ));
     // Clear the bit so a packet that passes postrouting twice (tunnels) is not re-masqueraded.
-    ops.push(rule("masquerading", vec![Statement::ToggleMarkBits(MASQUERADE_MARK)]));
-    ops.push(rule("masquerading", vec![Statement::Masquerade { fully_random: true }]));
+    ops.push(Operation::add_rule("masquerading", vec![Statement::ToggleMarkBits(MASQUERADE_MARK)]));
+    ops.push(Operation::add_rule("masquerading", vec![Statement::Masquerade { fully_random: true }]));
     ops
 }
 

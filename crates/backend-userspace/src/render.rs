@@ -19,8 +19,8 @@ use svcplane_core::{
     ServicePortName, ServicePortPlan, SourceMatch, Unrouted,
 };
 use svcplane_nft::{
-    BaseChain, Chain, ChainType, CmpOp, DataType, Element, ElementValue, Expr, Family, FibAddress, Hook, Match,
-    Operation, RejectKind, Rule, Set, Statement, TableName, Transaction, Value, Verdict,
+    ChainType, CmpOp, DataType, Element, ElementValue, Expr, Family, FibAddress, Hook, Match, Operation, RejectKind,
+    Set, Statement, TableName, Transaction, Value, Verdict,
 };
 
 /// The table svcplane owns in each family (the same name as the nftables mode's, so
@@ -84,33 +84,6 @@ fn port_base(name: &ServicePortName) -> String {
     format!("{}/{}/{}/{}", name.service.namespace, name.service.name, name.protocol, name.port_name)
 }
 
-fn map(name: &str, key: Vec<DataType>) -> Operation {
-    Operation::AddSet(Set {
-        name: name.to_owned(),
-        key,
-        value: Some(vec![DataType::Verdict]),
-        interval: false,
-        dynamic_timeout: None,
-        comment: None,
-    })
-}
-
-fn chain(name: &str, base: Option<(ChainType, Hook, i32)>) -> Operation {
-    Operation::AddChain(Chain {
-        name: name.to_owned(),
-        base: base.map(|(chain_type, hook, priority)| BaseChain { chain_type, hook, priority }),
-        comment: None,
-    })
-}
-
-fn rule(chain: &str, statements: Vec<Statement>) -> Operation {
-    Operation::AddRule(Rule { chain: chain.to_owned(), statements, comment: None })
-}
-
-fn jump(target: &str) -> Statement {
-    Statement::Verdict(Verdict::Jump(target.to_owned()))
-}
-
 fn dispatch_keys() -> Vec<Expr> {
     vec![Expr::DestinationAddress, Expr::L4Proto, Expr::DestinationPort]
 }
@@ -141,11 +114,11 @@ fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
         Operation::DeleteTable,
         Operation::AddTable { comment: Some("rules for svcplane (userspace mode)".to_owned()) },
     ];
-    ops.push(map(SERVICE_IPS, vec![addr, DataType::InetProto, DataType::InetService]));
-    ops.push(map(SERVICE_NODEPORTS, vec![DataType::InetProto, DataType::InetService]));
-    ops.push(map(NO_ENDPOINT_SERVICES, vec![addr, DataType::InetProto, DataType::InetService]));
-    ops.push(map(NO_ENDPOINT_NODEPORTS, vec![DataType::InetProto, DataType::InetService]));
-    ops.push(map(FIREWALL_IPS, vec![addr, DataType::InetProto, DataType::InetService]));
+    ops.push(Operation::add_verdict_map(SERVICE_IPS, vec![addr, DataType::InetProto, DataType::InetService]));
+    ops.push(Operation::add_verdict_map(SERVICE_NODEPORTS, vec![DataType::InetProto, DataType::InetService]));
+    ops.push(Operation::add_verdict_map(NO_ENDPOINT_SERVICES, vec![addr, DataType::InetProto, DataType::InetService]));
+    ops.push(Operation::add_verdict_map(NO_ENDPOINT_NODEPORTS, vec![DataType::InetProto, DataType::InetService]));
+    ops.push(Operation::add_verdict_map(FIREWALL_IPS, vec![addr, DataType::InetProto, DataType::InetService]));
     ops.push(Operation::AddSet(Set {
         name: RELAY_LISTENERS.to_owned(),
         key: vec![addr, DataType::InetProto, DataType::InetService],
@@ -178,22 +151,22 @@ fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
         REJECT_WITH_RESET,
         REJECT_WITH_ICMP,
     ] {
-        ops.push(chain(name, None));
+        ops.push(Operation::add_chain(name, None));
     }
-    ops.push(chain(DRIFT_CHAIN, Some((ChainType::Nat, Hook::Prerouting, -100))));
-    ops.push(chain("nat-output", Some((ChainType::Nat, Hook::Output, -100))));
-    ops.push(chain("filter-prerouting-pre-dnat", Some((ChainType::Filter, Hook::Prerouting, -110))));
-    ops.push(chain("filter-output-pre-dnat", Some((ChainType::Filter, Hook::Output, -110))));
-    ops.push(chain("filter-input", Some((ChainType::Filter, Hook::Input, 0))));
-    ops.push(chain("filter-forward", Some((ChainType::Filter, Hook::Forward, 0))));
-    ops.push(chain("filter-output", Some((ChainType::Filter, Hook::Output, 0))));
+    ops.push(Operation::add_chain(DRIFT_CHAIN, Some((ChainType::Nat, Hook::Prerouting, -100))));
+    ops.push(Operation::add_chain("nat-output", Some((ChainType::Nat, Hook::Output, -100))));
+    ops.push(Operation::add_chain("filter-prerouting-pre-dnat", Some((ChainType::Filter, Hook::Prerouting, -110))));
+    ops.push(Operation::add_chain("filter-output-pre-dnat", Some((ChainType::Filter, Hook::Output, -110))));
+    ops.push(Operation::add_chain("filter-input", Some((ChainType::Filter, Hook::Input, 0))));
+    ops.push(Operation::add_chain("filter-forward", Some((ChainType::Filter, Hook::Forward, 0))));
+    ops.push(Operation::add_chain("filter-output", Some((ChainType::Filter, Hook::Output, 0))));
 
     let new = || Statement::Match(Match::CtStateNew);
-    ops.push(rule(DRIFT_CHAIN, vec![jump("services")]));
-    ops.push(rule("nat-output", vec![jump("services")]));
-    ops.push(rule("filter-prerouting-pre-dnat", vec![new(), jump("firewall-check")]));
-    ops.push(rule("filter-output-pre-dnat", vec![new(), jump("firewall-check")]));
-    ops.push(rule(
+    ops.push(Operation::add_rule(DRIFT_CHAIN, vec![Statement::jump("services")]));
+    ops.push(Operation::add_rule("nat-output", vec![Statement::jump("services")]));
+    ops.push(Operation::add_rule("filter-prerouting-pre-dnat", vec![new(), Statement::jump("firewall-check")]));
+    ops.push(Operation::add_rule("filter-output-pre-dnat", vec![new(), Statement::jump("firewall-check")]));
+    ops.push(Operation::add_rule(
         "filter-input",
         vec![
             new(),
@@ -202,23 +175,26 @@ fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
             Statement::Verdict(Verdict::Drop),
         ],
     ));
-    ops.push(rule("filter-input", vec![new(), jump("nodeport-endpoints-check")]));
-    ops.push(rule("filter-input", vec![new(), jump("service-endpoints-check")]));
-    ops.push(rule("filter-forward", vec![new(), jump("service-endpoints-check")]));
-    ops.push(rule("filter-output", vec![new(), jump("service-endpoints-check")]));
+    ops.push(Operation::add_rule("filter-input", vec![new(), Statement::jump("nodeport-endpoints-check")]));
+    ops.push(Operation::add_rule("filter-input", vec![new(), Statement::jump("service-endpoints-check")]));
+    ops.push(Operation::add_rule("filter-forward", vec![new(), Statement::jump("service-endpoints-check")]));
+    ops.push(Operation::add_rule("filter-output", vec![new(), Statement::jump("service-endpoints-check")]));
 
-    ops.push(rule("services", vec![Statement::VerdictMap { keys: dispatch_keys(), map: SERVICE_IPS.to_owned() }]));
+    ops.push(Operation::add_rule(
+        "services",
+        vec![Statement::VerdictMap { keys: dispatch_keys(), map: SERVICE_IPS.to_owned() }],
+    ));
     let mut node_ports = node_port_destination(family, plan);
     node_ports.push(Statement::VerdictMap {
         keys: vec![Expr::L4Proto, Expr::DestinationPort],
         map: SERVICE_NODEPORTS.to_owned(),
     });
-    ops.push(rule("services", node_ports));
-    ops.push(rule(
+    ops.push(Operation::add_rule("services", node_ports));
+    ops.push(Operation::add_rule(
         "firewall-check",
         vec![Statement::VerdictMap { keys: dispatch_keys(), map: FIREWALL_IPS.to_owned() }],
     ));
-    ops.push(rule(
+    ops.push(Operation::add_rule(
         "service-endpoints-check",
         vec![Statement::VerdictMap { keys: dispatch_keys(), map: NO_ENDPOINT_SERVICES.to_owned() }],
     ));
@@ -227,16 +203,16 @@ fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
         keys: vec![Expr::L4Proto, Expr::DestinationPort],
         map: NO_ENDPOINT_NODEPORTS.to_owned(),
     });
-    ops.push(rule("nodeport-endpoints-check", no_node_port));
-    ops.push(rule(
+    ops.push(Operation::add_rule("nodeport-endpoints-check", no_node_port));
+    ops.push(Operation::add_rule(
         REJECT_WITH_RESET,
         vec![
             Statement::Match(Match::Compare { left: Expr::L4Proto, op: CmpOp::Eq, right: Value::Protocol(6) }),
             Statement::Reject(RejectKind::TcpReset),
         ],
     ));
-    ops.push(rule(REJECT_WITH_RESET, vec![Statement::Reject(RejectKind::PortUnreachable)]));
-    ops.push(rule(REJECT_WITH_ICMP, vec![Statement::Reject(RejectKind::PortUnreachable)]));
+    ops.push(Operation::add_rule(REJECT_WITH_RESET, vec![Statement::Reject(RejectKind::PortUnreachable)]));
+    ops.push(Operation::add_rule(REJECT_WITH_ICMP, vec![Statement::Reject(RejectKind::PortUnreachable)]));
     ops
 }
 
@@ -291,7 +267,7 @@ fn port_operations(
             let name = route_chain_name(frontend, plan);
             if !made.contains(&name) {
                 made.push(name.clone());
-                chains.push(chain(&name, None));
+                chains.push(Operation::add_chain(&name, None));
                 for route in &frontend.routes {
                     let Some(&port) = ports.get(&(key.clone(), route.endpoints)) else { continue };
                     let mut statements = Vec::with_capacity(3);
@@ -303,7 +279,7 @@ fn port_operations(
                     }));
                     statements.push(Statement::SetMarkBits(RELAYED_MARK));
                     statements.push(Statement::Dnat { address: relay_address, port: Some(port) });
-                    chains.push(rule(&name, statements));
+                    chains.push(Operation::add_rule(&name, statements));
                 }
             }
             elements.push(Operation::AddElement(Element {
@@ -343,8 +319,8 @@ fn port_operations(
             let name = format!("firewall-{}", port_base(&plan.name));
             if !made.contains(&name) {
                 made.push(name.clone());
-                chains.push(chain(&name, None));
-                chains.push(rule(
+                chains.push(Operation::add_chain(&name, None));
+                chains.push(Operation::add_rule(
                     &name,
                     vec![
                         Statement::Match(Match::InPrefixes {

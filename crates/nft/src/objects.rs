@@ -314,6 +314,41 @@ pub enum Operation {
     DeleteElement(Element),
 }
 
+impl Operation {
+    /// A map from `key` to verdicts (no interval, no timeout, no comment).
+    pub fn add_verdict_map(name: &str, key: Vec<DataType>) -> Operation {
+        Operation::AddSet(Set {
+            name: name.to_owned(),
+            key,
+            value: Some(vec![DataType::Verdict]),
+            interval: false,
+            dynamic_timeout: None,
+            comment: None,
+        })
+    }
+
+    /// A chain, a base chain when `base` says its type, hook and priority.
+    pub fn add_chain(name: &str, base: Option<(ChainType, Hook, i32)>) -> Operation {
+        Operation::AddChain(Chain {
+            name: name.to_owned(),
+            base: base.map(|(chain_type, hook, priority)| BaseChain { chain_type, hook, priority }),
+            comment: None,
+        })
+    }
+
+    /// A rule without a comment, appended to `chain`.
+    pub fn add_rule(chain: &str, statements: Vec<Statement>) -> Operation {
+        Operation::AddRule(Rule { chain: chain.to_owned(), statements, comment: None })
+    }
+}
+
+impl Statement {
+    /// `jump TARGET`.
+    pub fn jump(target: &str) -> Statement {
+        Statement::Verdict(Verdict::Jump(target.to_owned()))
+    }
+}
+
 /// Operations on one table that the kernel applies all together or not at all.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Transaction {
