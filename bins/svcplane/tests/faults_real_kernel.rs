@@ -371,6 +371,16 @@ fn fault_then_converge(cluster: &Cluster, mode: &str, faults: &[&str], pod: &str
     }
     let done = eventually(Duration::from_secs(15), || (cluster.queued_faults(THIS_NODE) == 0).then_some(()));
     assert!(done.is_some(), "{faults:?}: the proxy retried until every queued fault was taken");
+    // A sync succeeded after the last failure (in iptables mode a refused restore of one
+    // table can follow others of the same sync that applied, so traffic alone does not
+    // show that the sync as a whole went through).
+    let succeeded = eventually(Duration::from_secs(15), || {
+        let log = cluster.proxy_log(THIS_NODE);
+        let log = &log[log_before.min(log.len())..];
+        let last_failure = log.rfind("sync failed")?;
+        log[last_failure..].contains(" synced ").then_some(())
+    });
+    assert!(succeeded.is_some(), "{faults:?}: a sync succeeded after the faults\n{}", cluster.proxy_log(THIS_NODE));
     // Converged: the change is in the kernel, through the retry that succeeded.
     let converged = eventually(Duration::from_secs(10), || {
         let answering = answering_pods(cluster, 30);
