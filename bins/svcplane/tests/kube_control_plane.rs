@@ -43,7 +43,19 @@ fn a_service_created_through_a_real_api_server_reads_back_with_an_allocated_clus
         (Some("http"), 80, Some("TCP"))
     );
 
-    // The API server advertises the address it was given as the `kubernetes` Service's endpoint.
-    let kubernetes: Service = client.get("default", "kubernetes").unwrap();
+    // The API server advertises the address it was given as the `kubernetes` Service's
+    // endpoint. Its bootstrap controller creates that Service a moment after the server
+    // answers (a CI run under load read it too early), so it is waited for.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let kubernetes: Service = loop {
+        match client.get("default", "kubernetes") {
+            Ok(service) => break service,
+            Err(error) if std::time::Instant::now() < deadline => {
+                eprintln!("the kubernetes Service is not there yet: {error}");
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            Err(error) => panic!("the kubernetes Service never appeared: {error}"),
+        }
+    };
     assert_eq!(kubernetes.spec.and_then(|s| s.cluster_ip).as_deref(), Some("198.19.0.1"));
 }
