@@ -25,6 +25,7 @@ const NFTABLES: Backend = Backend {
     ruleset: &["nft", "list", "ruleset"],
     not_applicable: scenarios::cluster::every_row_applies,
     node_cgroups: false,
+    relays_from_the_node: false,
 };
 
 const IPTABLES_LEGACY: Backend = Backend {
@@ -34,6 +35,7 @@ const IPTABLES_LEGACY: Backend = Backend {
     ruleset: &["iptables-legacy-save"],
     not_applicable: scenarios::cluster::every_row_applies,
     node_cgroups: false,
+    relays_from_the_node: false,
 };
 
 /// One load per frontend and protocol, from where that frontend is used.

@@ -24,6 +24,7 @@ const NFTABLES: Backend = Backend {
     ruleset: &["nft", "list", "ruleset"],
     not_applicable: scenarios::cluster::every_row_applies,
     node_cgroups: false,
+    relays_from_the_node: false,
 };
 
 const IPTABLES_LEGACY: Backend = Backend {
@@ -33,6 +34,7 @@ const IPTABLES_LEGACY: Backend = Backend {
     ruleset: &["sh", "-c", "iptables-legacy-save && ip6tables-legacy-save"],
     not_applicable: scenarios::cluster::every_row_applies,
     node_cgroups: false,
+    relays_from_the_node: false,
 };
 
 const IPTABLES_NFT: Backend = Backend {
@@ -42,6 +44,7 @@ const IPTABLES_NFT: Backend = Backend {
     ruleset: &["sh", "-c", "iptables-nft-save && ip6tables-nft-save"],
     not_applicable: scenarios::cluster::every_row_applies,
     node_cgroups: false,
+    relays_from_the_node: false,
 };
 
 const IPVS: Backend = Backend {
@@ -58,6 +61,7 @@ const IPVS: Backend = Backend {
     ruleset: &["cat", "/proc/net/ip_vs"],
     not_applicable: scenarios::cluster::every_row_applies,
     node_cgroups: false,
+    relays_from_the_node: false,
 };
 
 /// The host-side test that runs the guest-side ones.

@@ -25,6 +25,7 @@ const LEGACY: Backend = Backend {
     ruleset: &["sh", "-c", "iptables-legacy-save && ip6tables-legacy-save"],
     not_applicable: scenarios::cluster::every_row_applies,
     node_cgroups: false,
+    relays_from_the_node: false,
 };
 
 const NFT: Backend = Backend {
@@ -34,6 +35,7 @@ const NFT: Backend = Backend {
     ruleset: &["sh", "-c", "iptables-nft-save && ip6tables-nft-save"],
     not_applicable: scenarios::cluster::every_row_applies,
     node_cgroups: false,
+    relays_from_the_node: false,
 };
 
 fn check_table(backend: Backend, rows: &[scenarios::Scenario]) {

@@ -18,6 +18,7 @@ const NFTABLES: Backend = Backend {
     ruleset: &["nft", "list", "ruleset"],
     not_applicable: scenarios::cluster::every_row_applies,
     node_cgroups: false,
+    relays_from_the_node: false,
 };
 
 fn check_table(rows: &[scenarios::Scenario]) {

@@ -10,6 +10,7 @@ pub const NFTABLES: Backend = Backend {
     ruleset: &["nft", "list", "ruleset"],
     not_applicable: super::cluster::every_row_applies,
     node_cgroups: false,
+    relays_from_the_node: false,
 };
 
 pub const EBPF: Backend = Backend {
@@ -19,6 +20,7 @@ pub const EBPF: Backend = Backend {
     ruleset: &["true"],
     not_applicable,
     node_cgroups: true,
+    relays_from_the_node: false,
 };
 
 /// Rows the eBPF mode does not run yet, with the reason.
@@ -49,6 +51,7 @@ pub const EBPF_DSR: Backend = Backend {
     ruleset: &["true"],
     not_applicable: not_applicable_with_dsr,
     node_cgroups: true,
+    relays_from_the_node: false,
 };
 
 fn not_applicable_with_dsr(row: &Scenario) -> Option<&'static str> {
@@ -69,15 +72,13 @@ pub const USERSPACE: Backend = Backend {
     ruleset: &["nft", "list", "ruleset"],
     not_applicable: userspace_not_applicable,
     node_cgroups: false,
+    relays_from_the_node: true,
 };
 
 /// Rows the userspace mode cannot run, by design, with the reason.
 fn userspace_not_applicable(row: &Scenario) -> Option<&'static str> {
     if row.protocol == super::Protocol::Sctp {
         return Some("the relay speaks TCP and UDP only; SCTP Service ports are refused");
-    }
-    if row.source == SourceSeen::ClientAddress {
-        return Some("the relay opens its own connection from the node: the client's source IP is not preserved");
     }
     None
 }

@@ -48,6 +48,11 @@ pub struct Backend {
     /// told it with `--cgroup-path` and gets a bpf root of its own (`--bpf-root`), which
     /// `svcplane cleanup` removes when the cluster goes.
     pub node_cgroups: bool,
+    /// Whether the mode relays every connection from the node itself (userspace): endpoints
+    /// then see an address of the node the traffic entered through for every sender, so
+    /// rows expecting the sender's own address are checked for the node's, and explain's
+    /// masquerade flag (which says what the kernel modes do) is not compared.
+    pub relays_from_the_node: bool,
 }
 
 /// For backends that run every row.

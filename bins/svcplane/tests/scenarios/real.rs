@@ -152,6 +152,8 @@ struct Probe {
     row: Scenario,
     resolved: Resolved,
     namespace: String,
+    /// The backend relays from the node ([`super::cluster::Backend::relays_from_the_node`]).
+    relayed: bool,
 }
 
 impl std::fmt::Display for Probe {
@@ -172,7 +174,7 @@ impl Probe {
             (None, Some(client)) => lab.client(client).namespace_name().to_owned(),
             (None, None) => lab.node(resolved.entry_node).namespace_name().to_owned(),
         };
-        Ok(Probe { row: *row, resolved, namespace })
+        Ok(Probe { row: *row, resolved, namespace, relayed: cluster.backend().relays_from_the_node })
     }
 
     fn target(&self) -> SocketAddr {
@@ -698,7 +700,7 @@ fn predict(cluster: &Cluster, probe: &Probe) -> Result<Option<Prediction>, Strin
 /// Checks what the kernel did against explain's prediction.
 fn check_agreement(probe: &Probe, prediction: Option<&Prediction>, seen: &Seen) -> Result<String, String> {
     match prediction {
-        Some(prediction) => agreement::agree(&probe.row, prediction, seen)
+        Some(prediction) => agreement::agree(&probe.row, prediction, seen, probe.relayed)
             .map(|()| format!("{} (agrees)", prediction.summary()))
             .map_err(|error| format!("explain disagrees with the kernel: {error}")),
         None => Ok("no address to ask explain about".to_owned()),
@@ -767,6 +769,14 @@ fn run_group(cluster: &Cluster, service: &str, rows: &[Scenario]) -> Vec<Result<
 /// proxies' logs and the backend's diagnostics), so one broken row does not hide the others.
 pub fn check_rows(cluster: &Cluster, rows: &[Scenario]) {
     let mut runs: Vec<Scenario> = rows.iter().flat_map(Scenario::each_family).collect();
+    if cluster.backend().relays_from_the_node {
+        // The relay connects from the node: what the others keep, it cannot.
+        for run in &mut runs {
+            if run.source == SourceSeen::ClientAddress {
+                run.source = SourceSeen::NodeAddress;
+            }
+        }
+    }
     runs.retain(|run| match (cluster.backend().not_applicable)(run) {
         Some(reason) => {
             eprintln!("not applicable to {}: {} — {reason}", cluster.backend().name, run.label());
