@@ -13,11 +13,13 @@
 //! `net.ipv4.vs.conntrack=1`); each route's sources are matched there, while IPVS sends
 //! every source to the catch-all route's endpoint set.
 //!
+//! In the filter table ([`rules::filter_table`]): rejection when a Service has no endpoints,
+//! drops the plan asks for, `loadBalancerSourceRanges`. Endpoints that still serve but left
+//! a frontend's set drain at weight 0.
+//!
 //! What it does not do yet: upstream's ipsets (rules match each frontend directly),
-//! hairpin masquerade (a pod reaching itself), `loadBalancerSourceRanges`, rejection when a
-//! Service has no endpoints, different endpoint sets per source (`externalTrafficPolicy:
-//! Local` sends every source to the catch-all set), graceful termination (draining at
-//! weight 0), `--ipvs-exclude-cidrs` and strict ARP.
+//! different endpoint sets per source (`externalTrafficPolicy: Local` sends every source to
+//! the catch-all set), `--ipvs-exclude-cidrs` and strict ARP.
 
 pub mod rules;
 
@@ -92,10 +94,17 @@ pub fn spell(plan: &NodePlan, scheduler: &str, node_addresses: &[IpAddr]) -> Spe
                         .as_ref()
                         .map_or(0, |affinity| u32::try_from(affinity.timeout.as_secs()).unwrap_or(u32::MAX).max(1)),
                 };
+                // Endpoints of the set take new connections (weight 1); endpoints that still
+                // serve but left the set (terminating while others are ready, a pod that
+                // turned not ready) stay at weight 0: IPVS schedules nothing new to them and
+                // their established connections go on, until they stop serving.
+                let draining = port.serving_endpoints.iter().filter(|endpoint| !endpoints.contains(endpoint));
                 let destinations = endpoints
                     .iter()
-                    .map(|endpoint| {
-                        let destination = Destination { address: endpoint.ip(), port: endpoint.port(), weight: 1 };
+                    .map(|endpoint| (endpoint, 1))
+                    .chain(draining.map(|endpoint| (endpoint, 0)))
+                    .map(|(endpoint, weight)| {
+                        let destination = Destination { address: endpoint.ip(), port: endpoint.port(), weight };
                         ((endpoint.ip(), endpoint.port()), destination)
                     })
                     .collect();
@@ -449,6 +458,50 @@ mod tests {
         let reals: Vec<String> =
             entry.destinations.values().map(|d| format!("{}:{} {}", d.address, d.port, d.weight)).collect();
         assert_eq!(reals, vec!["198.18.128.2:8080 1", "198.18.129.2:8080 1"]);
+    }
+
+    #[test]
+    fn a_terminating_endpoint_that_still_serves_drains_at_weight_zero_while_others_are_ready() {
+        let mut service = KubeService::cluster_ip(
+            NamespacedName::new("default", "web"),
+            vec!["198.19.0.10".parse().unwrap()],
+            vec![ServicePort { name: "http".into(), protocol: Protocol::Tcp, port: 80, node_port: None }],
+        );
+        service.service_type = ServiceType::ClusterIp;
+        let mut leaving = Endpoint::ready("198.18.129.2".parse().unwrap(), Some("node2"));
+        leaving.ready = false;
+        leaving.terminating = true;
+        let mut gone = Endpoint::ready("198.18.129.3".parse().unwrap(), Some("node2"));
+        gone.ready = false;
+        gone.serving = false;
+        gone.terminating = true;
+        let slice = EndpointSlice {
+            last_change_trigger: None,
+            name: NamespacedName::new("default", "web-abc"),
+            service: NamespacedName::new("default", "web"),
+            family: IpFamily::V4,
+            ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
+            endpoints: vec![Endpoint::ready("198.18.128.2".parse().unwrap(), Some("node1")), leaving, gone],
+        };
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(service));
+        state.apply(Change::SliceUpserted(slice));
+        let plan = NodePlan::build(
+            &state,
+            NodeConfig {
+                node_name: "node1".into(),
+                node_ips: vec!["198.18.0.11".parse().unwrap()],
+                cluster_cidrs: vec!["198.18.128.0/17".parse().unwrap()],
+                node_port_addresses: NodePortAddresses::AllLocal,
+            },
+        );
+        let spelling = spell(&plan, "rr", &[]);
+        let reals: Vec<String> = spelling.services[0]
+            .destinations
+            .values()
+            .map(|d| format!("{}:{} {}", d.address, d.port, d.weight))
+            .collect();
+        assert_eq!(reals, vec!["198.18.128.2:8080 1", "198.18.129.2:8080 0"], "the one no longer serving is removed");
     }
 
     #[test]
