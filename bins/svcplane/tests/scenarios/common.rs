@@ -7,9 +7,32 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use super::cluster::{Backend, Cluster, ECHO_SERVICE, POD_ON_THIS_NODE, ServiceSpec, THIS_NODE};
-use super::{ALL_ECHO_PODS, eventually};
+use super::manifests::CONVERSATION_PORT;
+use super::{ALL_ECHO_PODS, NodePortAddresses, Protocol, Scenario, check_rows, eventually};
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Rows of the table in a cluster of their own.
+pub fn check_table(backend: Backend, rows: &[Scenario]) {
+    let cluster = Cluster::start(backend);
+    check_rows(&cluster, rows);
+    cluster.teardown();
+}
+
+/// Rows of the table with the proxies' NodePorts on `addresses`.
+pub fn check_table_with_node_port_addresses(backend: Backend, addresses: NodePortAddresses, rows: &[Scenario]) {
+    let cluster = Cluster::builder(backend).node_port_addresses(addresses).start();
+    check_rows(&cluster, rows);
+    cluster.teardown();
+}
+
+/// The endpoint-change rows, with the line servers their held connections talk to.
+pub fn check_endpoint_changes(backend: Backend) {
+    let cluster =
+        Cluster::builder(backend).line_servers(Protocol::Tcp, CONVERSATION_PORT, &["node1-pod1", "node2-pod2"]).start();
+    check_rows(&cluster, super::ENDPOINT_CHANGES);
+    cluster.teardown();
+}
 
 /// Counts which pod answered each of `requests` TCP requests to the echo ClusterIP from the
 /// client pod on node1. Any failed request fails the test.

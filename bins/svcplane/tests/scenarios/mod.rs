@@ -36,6 +36,132 @@ macro_rules! real_kernel_test {
     };
 }
 
+/// The scenario table's tests for one backend, one cluster each: every static table, the
+/// NodePort-address configurations, affinity and endpoint changes, and the checks beside
+/// the table every mode runs ([`common`]). A mode's test file calls it once.
+#[macro_export]
+macro_rules! scenario_table_tests {
+    ($backend:expr) => {
+        use $crate::scenarios::common as shared;
+        $crate::real_kernel_test!(
+            pods_the_node_and_an_external_client_reach_a_service_through_its_cluster_ip_and_node_port,
+            shared::check_table($backend, $crate::scenarios::REACHABILITY)
+        );
+        $crate::real_kernel_test!(
+            a_service_without_endpoints_is_refused_at_once_from_a_pod_the_node_and_outside_in_both_families,
+            shared::check_table($backend, $crate::scenarios::NO_ENDPOINTS)
+        );
+        $crate::real_kernel_test!(
+            local_traffic_policies_keep_traffic_on_the_node_or_drop_it,
+            shared::check_table($backend, $crate::scenarios::TRAFFIC_POLICY)
+        );
+        $crate::real_kernel_test!(
+            load_balancer_ips_are_served_like_node_ports_within_their_source_ranges_unless_proxied,
+            shared::check_table($backend, $crate::scenarios::LOAD_BALANCER)
+        );
+        $crate::real_kernel_test!(
+            external_ips_are_served_like_load_balancer_ips,
+            shared::check_table($backend, $crate::scenarios::EXTERNAL_IPS)
+        );
+        $crate::real_kernel_test!(
+            health_check_node_ports_answer_with_the_local_endpoint_count,
+            shared::check_table($backend, $crate::scenarios::HEALTH_CHECKS)
+        );
+        $crate::real_kernel_test!(
+            terminating_endpoints_are_used_only_when_none_is_ready,
+            shared::check_table($backend, $crate::scenarios::TERMINATING)
+        );
+        $crate::real_kernel_test!(
+            topology_keeps_traffic_close_with_upstreams_fallbacks,
+            shared::check_table($backend, $crate::scenarios::TOPOLOGY)
+        );
+        $crate::real_kernel_test!(
+            headless_external_name_and_other_proxies_services_are_not_programmed,
+            shared::check_table($backend, $crate::scenarios::IGNORED)
+        );
+        $crate::real_kernel_test!(
+            node_ports_answer_on_every_node_address_but_loopback_by_default,
+            shared::check_table($backend, $crate::scenarios::NODEPORT_ADDRESSES_DEFAULT)
+        );
+        $crate::real_kernel_test!(
+            node_ports_answer_only_on_the_primary_address_with_nodeport_addresses_primary,
+            shared::check_table_with_node_port_addresses(
+                $backend,
+                $crate::scenarios::NodePortAddresses::Primary,
+                $crate::scenarios::NODEPORT_ADDRESSES_PRIMARY
+            )
+        );
+        $crate::real_kernel_test!(
+            node_ports_answer_only_inside_nodeport_addresses_cidrs,
+            shared::check_table_with_node_port_addresses(
+                $backend,
+                $crate::scenarios::NodePortAddresses::SecondaryOnly,
+                $crate::scenarios::NODEPORT_ADDRESSES_CIDRS
+            )
+        );
+        $crate::real_kernel_test!(
+            client_ip_affinity_sticks_until_the_timeout,
+            shared::check_table($backend, $crate::scenarios::AFFINITY)
+        );
+        $crate::real_kernel_test!(
+            endpoint_changes_remove_stale_udp_flows_and_keep_flows_to_terminating_endpoints,
+            shared::check_endpoint_changes($backend)
+        );
+        $crate::real_kernel_test!(
+            two_hundred_requests_to_a_four_endpoint_service_reach_every_endpoint_evenly,
+            shared::requests_reach_every_endpoint_evenly($backend)
+        );
+        $crate::real_kernel_test!(
+            a_pod_that_turns_not_ready_stops_receiving_traffic_within_five_seconds_and_returns_when_ready,
+            shared::a_pod_turning_not_ready_stops_receiving_traffic_and_returns($backend)
+        );
+        $crate::real_kernel_test!(
+            a_broken_service_does_not_keep_its_neighbour_in_the_same_file_from_being_programmed,
+            shared::a_broken_service_does_not_keep_its_neighbour_from_being_programmed($backend)
+        );
+        $crate::real_kernel_test!(
+            a_service_added_to_the_manifests_is_programmed_within_two_seconds_without_a_restart,
+            shared::a_service_added_to_the_manifests_is_programmed_without_a_restart($backend)
+        );
+    };
+}
+
+/// For modes whose rules live in svcplane's own nftables tables (nftables, userspace):
+/// cleanup and the three drift repairs, the repairs counted under `$mode`.
+#[macro_export]
+macro_rules! nftables_table_tests {
+    ($backend:expr, $mode:literal) => {
+        $crate::real_kernel_test!(
+            svcplane_cleanup_removes_the_svcplane_tables_from_the_node,
+            $crate::scenarios::common::svcplane_cleanup_removes_the_svcplane_nftables_tables($backend)
+        );
+        $crate::real_kernel_test!(
+            a_svcplane_table_deleted_behind_its_back_is_put_back_within_five_seconds,
+            $crate::scenarios::common::a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(
+                $backend,
+                $mode,
+                &[&["nft", "delete", "table", "ip", "svcplane"]]
+            )
+        );
+        $crate::real_kernel_test!(
+            a_flushed_ruleset_is_put_back_within_five_seconds,
+            $crate::scenarios::common::a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(
+                $backend,
+                $mode,
+                &[&["nft", "flush", "ruleset"]]
+            )
+        );
+        $crate::real_kernel_test!(
+            a_flushed_svcplane_table_is_put_back_within_five_seconds,
+            $crate::scenarios::common::a_ruleset_change_behind_svcplanes_back_is_repaired_within_five_seconds(
+                $backend,
+                $mode,
+                &[&["nft", "flush", "table", "ip", "svcplane"]]
+            )
+        );
+    };
+}
+
 pub mod agreement;
 pub mod backends;
 pub mod cluster;
