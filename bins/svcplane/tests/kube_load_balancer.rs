@@ -322,12 +322,16 @@ fn the_controller_and_the_announcer_work_on_their_deployed_service_accounts_toke
         assert!(started.elapsed() < WITHIN, "no pool status: {}", std::fs::read_to_string(&log).unwrap_or_default());
         std::thread::sleep(Duration::from_millis(200));
     }
-    let events: Vec<Event> = client.list(Some("default"), None).unwrap();
-    assert!(
-        events.iter().any(|e| e.reason.as_deref() == Some("PoolExhausted")),
-        "no Event: {}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    // The Event is posted after the Service status, so it may still be on its way.
+    let started = Instant::now();
+    loop {
+        let events: Vec<Event> = client.list(Some("default"), None).unwrap();
+        if events.iter().any(|e| e.reason.as_deref() == Some("PoolExhausted")) {
+            break;
+        }
+        assert!(started.elapsed() < WITHIN, "no Event: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let log_text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!log_text.contains("403") && !log_text.contains("forbidden"), "{log_text}");
 
