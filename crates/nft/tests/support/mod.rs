@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use svcplane_nft::{
-    BaseChain, Chain, ChainType, CmpOp, DataType, Element, ElementValue, Expr, Family, FibAddress, Hook, Match, NftCli,
-    NftNetlink, Operation, RejectKind, Rule, Set, Statement, TableName, Transaction, Value, Verdict,
+    BaseChain, Chain, ChainType, CmpOp, DataType, Element, ElementValue, ErrorKind, Expr, Family, FibAddress, Hook,
+    Match, NftCli, NftNetlink, Operation, RejectKind, Rule, Set, Statement, TableName, Transaction, Value, Verdict,
 };
 
 /// A network namespace that exists for one test and is removed when it ends, even by panic:
@@ -583,5 +583,307 @@ pub fn agreement_base() -> Vec<Operation> {
         rule("nat-prerouting", vec![jump("services")]),
         rule("services", vec![Statement::VerdictMap { keys: service_keys(), map: "service-ips".into() }]),
         rule("svc-b", vec![in_set(vec![Expr::SourceAddress], false, "allowed")]),
+    ]
+}
+
+/// Good and bad transactions on [`agreement_base`]: whether each fails and how.
+pub fn agreement_rows() -> Vec<(&'static str, Vec<Operation>, Option<ErrorKind>)> {
+    let service_element =
+        |ip: &str, target: &str| element("service-ips", service_key(ip, 6, 80), Some(goto_value(target)));
+    let delete_service_element = || delete_element("service-ips", service_key("198.19.0.10", 6, 80));
+    let nested = |count: usize| {
+        let names: Vec<String> = (1..=count).map(|level| format!("nested-{level}")).collect();
+        let mut operations: Vec<Operation> = names.iter().map(|name| chain(name)).collect();
+        operations.extend(names.windows(2).map(|pair| rule(&pair[0], vec![jump(&pair[1])])));
+        operations.push(rule("services", vec![jump(&names[0])]));
+        operations
+    };
+    vec![
+        (
+            "adding a service chain, its rules and its map element",
+            vec![chain("svc-c"), rule("svc-c", vec![jump("svc-a")]), service_element("198.19.0.11", "svc-c")],
+            None,
+        ),
+        (
+            "a rule jumping to a missing chain",
+            vec![rule("svc-b", vec![jump("svc-missing")])],
+            Some(ErrorKind::NotFound),
+        ),
+        (
+            "a jump to a chain added later in the same transaction",
+            vec![rule("svc-b", vec![jump("svc-c")]), chain("svc-c")],
+            Some(ErrorKind::NotFound),
+        ),
+        (
+            "a map element going to a missing chain",
+            vec![service_element("198.19.0.11", "svc-missing")],
+            Some(ErrorKind::NotFound),
+        ),
+        ("a rule in a missing chain", vec![rule("svc-missing", vec![Statement::Counter])], Some(ErrorKind::NotFound)),
+        (
+            "a lookup in a missing set",
+            vec![rule("svc-b", vec![in_set(vec![Expr::SourceAddress], false, "nope")])],
+            Some(ErrorKind::NotFound),
+        ),
+        (
+            "an element of a missing set",
+            vec![element("nope", vec![address("10.0.0.1")], None)],
+            Some(ErrorKind::NotFound),
+        ),
+        ("deleting a missing chain", vec![Operation::DeleteChain("svc-missing".into())], Some(ErrorKind::NotFound)),
+        ("flushing a missing chain", vec![Operation::FlushChain("svc-missing".into())], Some(ErrorKind::NotFound)),
+        ("flushing a missing set", vec![Operation::FlushSet("nope".into())], Some(ErrorKind::NotFound)),
+        ("deleting a missing set", vec![Operation::DeleteSet("nope".into())], Some(ErrorKind::NotFound)),
+        (
+            "deleting a missing element",
+            vec![delete_element("allowed", vec![address("10.9.9.9")])],
+            Some(ErrorKind::NotFound),
+        ),
+        ("deleting a chain a rule jumps to", vec![Operation::DeleteChain("services".into())], Some(ErrorKind::InUse)),
+        (
+            "deleting a chain a map element goes to",
+            vec![Operation::DeleteChain("svc-a".into())],
+            Some(ErrorKind::InUse),
+        ),
+        ("deleting a set a rule uses", vec![Operation::DeleteSet("allowed".into())], Some(ErrorKind::InUse)),
+        (
+            "deleting a chain after flushing the rule that jumped to it",
+            vec![Operation::FlushChain("nat-prerouting".into()), Operation::DeleteChain("services".into())],
+            None,
+        ),
+        (
+            "deleting a map element, then the chain it went to",
+            vec![delete_service_element(), Operation::DeleteChain("svc-a".into())],
+            None,
+        ),
+        (
+            "deleting a chain, then the map element that went to it",
+            vec![Operation::DeleteChain("svc-a".into()), delete_service_element()],
+            Some(ErrorKind::InUse),
+        ),
+        (
+            "deleting a chain that still has rules but no references",
+            vec![Operation::DeleteChain("svc-b".into()), Operation::DeleteSet("allowed".into())],
+            None,
+        ),
+        (
+            "deleting a chain that jumps to itself",
+            vec![rule("svc-b", vec![jump("svc-b")]), Operation::DeleteChain("svc-b".into())],
+            Some(ErrorKind::InUse),
+        ),
+        (
+            "deleting and adding back a chain in one transaction",
+            vec![Operation::DeleteChain("svc-b".into()), chain("svc-b"), rule("svc-b", vec![Statement::Counter])],
+            None,
+        ),
+        ("adding again what exists", agreement_base(), None),
+        ("adding an existing base chain as a regular chain", vec![chain("nat-prerouting")], None),
+        (
+            "redefining a regular chain as a base chain",
+            vec![base_chain("svc-b", ChainType::Filter, Hook::Input, 0)],
+            Some(ErrorKind::Exists),
+        ),
+        (
+            "changing a base chain's priority",
+            vec![base_chain("nat-prerouting", ChainType::Nat, Hook::Prerouting, -90)],
+            Some(ErrorKind::Exists),
+        ),
+        (
+            "changing a base chain's type",
+            vec![base_chain("nat-prerouting", ChainType::Filter, Hook::Prerouting, -100)],
+            Some(ErrorKind::Exists),
+        ),
+        (
+            "redefining a set's key",
+            vec![Operation::AddSet(set("allowed", vec![DataType::Ipv4Addr, DataType::InetService], None))],
+            Some(ErrorKind::Exists),
+        ),
+        (
+            "redefining a set as a map",
+            vec![Operation::AddSet(set("allowed", vec![DataType::Ipv4Addr], Some(vec![DataType::Verdict])))],
+            Some(ErrorKind::Exists),
+        ),
+        (
+            "changing a dynamic set's timeout",
+            vec![Operation::AddSet(Set {
+                dynamic_timeout: Some(Duration::from_secs(60)),
+                ..set("affinity", vec![DataType::Ipv4Addr], None)
+            })],
+            None,
+        ),
+        ("giving a map key another verdict", vec![service_element("198.19.0.10", "svc-b")], Some(ErrorKind::Exists)),
+        (
+            "an element whose key misses a part",
+            vec![element("service-ips", vec![address("198.19.0.12"), Value::Protocol(6)], Some(goto_value("svc-a")))],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "an element whose protocol is written as a port number",
+            vec![element(
+                "service-ips",
+                vec![address("198.19.0.12"), Value::Port(6), Value::Port(80)],
+                Some(goto_value("svc-a")),
+            )],
+            None,
+        ),
+        (
+            "an element whose protocol number is out of range",
+            vec![element(
+                "service-ips",
+                vec![address("198.19.0.12"), Value::Port(300), Value::Port(80)],
+                Some(goto_value("svc-a")),
+            )],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "an element whose IPv4 address is written as a number",
+            vec![element(
+                "service-ips",
+                vec![Value::Integer(0xc613_000c), Value::Protocol(6), Value::Port(80)],
+                Some(goto_value("svc-a")),
+            )],
+            None,
+        ),
+        (
+            "an element whose address is a protocol",
+            vec![element(
+                "service-ips",
+                vec![Value::Protocol(6), Value::Protocol(6), Value::Port(80)],
+                Some(goto_value("svc-a")),
+            )],
+            None,
+        ),
+        (
+            "an element whose port is an address",
+            vec![element(
+                "service-ips",
+                vec![address("198.19.0.12"), Value::Protocol(6), address("198.19.0.13")],
+                Some(goto_value("svc-a")),
+            )],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "an IPv6 element in an IPv4 set",
+            vec![element("allowed", vec![address("2001:db8::1")], None)],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "a prefix in a set without the interval flag",
+            vec![element("allowed", vec![Value::Prefix(prefix("10.0.0.0/8"))], None)],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "an interval inside another",
+            vec![element("node-ips", vec![Value::Prefix(prefix("10.1.0.0/16"))], None)],
+            Some(ErrorKind::Exists),
+        ),
+        (
+            "an interval equal to one there, written with host bits",
+            vec![element("node-ips", vec![Value::Prefix(prefix("10.0.0.1/8"))], None)],
+            None,
+        ),
+        (
+            "an interval next to another",
+            vec![element("node-ips", vec![Value::Prefix(prefix("11.0.0.0/8"))], None)],
+            None,
+        ),
+        (
+            "a verdict map lookup with keys of the wrong type",
+            vec![rule(
+                "svc-b",
+                vec![Statement::VerdictMap { keys: vec![Expr::DestinationAddress], map: "service-ips".into() }],
+            )],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "a verdict map lookup through a plain set",
+            vec![rule(
+                "svc-b",
+                vec![Statement::VerdictMap { keys: vec![Expr::DestinationAddress], map: "allowed".into() }],
+            )],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "a set lookup with too many keys",
+            vec![rule("svc-b", vec![in_set(vec![Expr::SourceAddress, Expr::DestinationPort], false, "allowed")])],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "updating a dynamic set from the packet path",
+            vec![rule("svc-b", vec![Statement::UpdateSet { keys: vec![Expr::SourceAddress], set: "affinity".into() }])],
+            None,
+        ),
+        (
+            "flushing a map and a set that exist",
+            vec![Operation::FlushSet("service-ips".into()), Operation::FlushSet("allowed".into())],
+            None,
+        ),
+        ("deleting the table", vec![Operation::DeleteTable], None),
+        ("deleting the table twice", vec![Operation::DeleteTable, Operation::DeleteTable], Some(ErrorKind::NotFound)),
+        (
+            "deleting the table and adding a chain to it",
+            vec![Operation::DeleteTable, chain("svc-b")],
+            Some(ErrorKind::NotFound),
+        ),
+        ("deleting the table and building it again", [vec![Operation::DeleteTable], agreement_base()].concat(), None),
+        (
+            "a statement after a verdict",
+            vec![rule("svc-b", vec![Statement::Verdict(Verdict::Accept), Statement::Counter])],
+            Some(ErrorKind::Invalid),
+        ),
+        ("a chain named like a keyword", vec![chain("counter")], Some(ErrorKind::Invalid)),
+        (
+            "dnat reached from the nat prerouting chain through a map element",
+            vec![rule("svc-a", vec![Statement::Dnat { address: "10.1.0.1".parse().unwrap(), port: None }])],
+            None,
+        ),
+        (
+            "masquerade reached from the nat prerouting chain through a map element",
+            vec![rule("svc-a", vec![Statement::Masquerade { fully_random: false }])],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "a map element that makes prerouting reach a masquerade",
+            vec![
+                rule("svc-b", vec![Statement::Masquerade { fully_random: false }]),
+                element("service-ips", service_key("198.19.0.11", 6, 80), Some(goto_value("svc-b"))),
+            ],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "dnat in a chain a filter chain jumps to",
+            vec![
+                base_chain("filter-input", ChainType::Filter, Hook::Input, 0),
+                chain("svc-c"),
+                rule("svc-c", vec![Statement::Dnat { address: "10.1.0.1".parse().unwrap(), port: None }]),
+                rule("filter-input", vec![jump("svc-c")]),
+            ],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "reject on the postrouting hook",
+            vec![
+                base_chain("filter-postrouting", ChainType::Filter, Hook::Postrouting, 0),
+                rule("filter-postrouting", vec![Statement::Reject(RejectKind::PortUnreachable)]),
+            ],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "a jump loop a base chain reaches",
+            vec![rule("svc-a", vec![jump("svc-b")]), rule("svc-b", vec![jump("svc-a")])],
+            Some(ErrorKind::Invalid),
+        ),
+        (
+            "a jump loop no base chain reaches",
+            vec![
+                chain("loop-1"),
+                chain("loop-2"),
+                rule("loop-1", vec![jump("loop-2")]),
+                rule("loop-2", vec![goto("loop-1")]),
+            ],
+            None,
+        ),
+        ("fifteen nested jumps", nested(14), None),
+        ("sixteen nested jumps", nested(15), Some(ErrorKind::Invalid)),
     ]
 }
