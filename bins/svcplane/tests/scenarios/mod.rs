@@ -162,6 +162,133 @@ macro_rules! nftables_table_tests {
     };
 }
 
+/// The scenario table's tests against one mode's in-memory fake ([`fake::FakeMode`]): every
+/// table the fake runner can walk, one test each. A fake-kernel test file calls it once.
+#[macro_export]
+macro_rules! fake_table_tests {
+    ($mode:ty) => {
+        #[test]
+        fn pods_the_node_and_an_external_client_reach_a_service_through_its_cluster_ip_and_node_port() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::REACHABILITY,
+            );
+        }
+
+        #[test]
+        fn a_service_without_endpoints_is_refused_at_once_from_a_pod_the_node_and_outside_in_both_families() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::NO_ENDPOINTS,
+            );
+        }
+
+        #[test]
+        fn local_traffic_policies_keep_traffic_on_the_node_or_drop_it() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::TRAFFIC_POLICY,
+            );
+        }
+
+        #[test]
+        fn load_balancer_ips_are_served_like_node_ports_within_their_source_ranges_unless_proxied() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::LOAD_BALANCER,
+            );
+        }
+
+        #[test]
+        fn external_ips_are_served_like_load_balancer_ips() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::EXTERNAL_IPS,
+            );
+        }
+
+        #[test]
+        fn health_check_node_ports_answer_with_the_local_endpoint_count() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::HEALTH_CHECKS,
+            );
+        }
+
+        #[test]
+        fn terminating_endpoints_are_used_only_when_none_is_ready() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::TERMINATING,
+            );
+        }
+
+        #[test]
+        fn topology_keeps_traffic_close_with_upstreams_fallbacks() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::TOPOLOGY,
+            );
+        }
+
+        #[test]
+        fn headless_external_name_and_other_proxies_services_are_not_programmed() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::IGNORED,
+            );
+        }
+
+        #[test]
+        fn sctp_services_are_programmed_like_tcp_ones() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::SCTP,
+            );
+        }
+
+        #[test]
+        fn node_ports_answer_on_every_node_address_but_loopback_by_default() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::NODEPORT_ADDRESSES_DEFAULT,
+            );
+        }
+
+        #[test]
+        fn node_ports_answer_only_on_the_primary_address_with_nodeport_addresses_primary() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Primary,
+                $crate::scenarios::NODEPORT_ADDRESSES_PRIMARY,
+            );
+        }
+
+        #[test]
+        fn node_ports_answer_only_inside_nodeport_addresses_cidrs() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::SecondaryOnly,
+                $crate::scenarios::NODEPORT_ADDRESSES_CIDRS,
+            );
+        }
+
+        #[test]
+        fn client_ip_affinity_sticks_until_the_timeout() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::AFFINITY,
+            );
+        }
+
+        #[test]
+        fn endpoint_changes_remove_stale_udp_flows_and_keep_flows_to_terminating_endpoints() {
+            $crate::scenarios::fake::check_rows::<$mode>(
+                $crate::scenarios::NodePortAddresses::Default,
+                $crate::scenarios::ENDPOINT_CHANGES,
+            );
+        }
+    };
+}
+
 pub mod agreement;
 pub mod backends;
 pub mod cluster;
