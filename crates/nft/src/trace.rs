@@ -38,6 +38,9 @@ const MAX_DEPTH: usize = 16;
 struct PathState {
     packet: Packet,
     masquerade: bool,
+    /// A nat chain translated the destination: as in the kernel, later nat chains on this
+    /// hook (other tables' too) no longer run for the packet.
+    destination_translated: bool,
 }
 
 /// How evaluating a chain ended for one path.
@@ -71,7 +74,14 @@ pub fn trace(
         Origin::LocalProcess => Hook::Output,
     };
     let mut outcomes = BTreeSet::new();
-    for state in run_hook(nft, family, host, before_routing, PathState { packet, masquerade: false }, &mut outcomes)? {
+    for state in run_hook(
+        nft,
+        family,
+        host,
+        before_routing,
+        PathState { packet, masquerade: false, destination_translated: false },
+        &mut outcomes,
+    )? {
         let local = host.is_local(state.packet.destination);
         // Locally generated packets pass postrouting even on their way to a local socket.
         let after_routing: &[Hook] = match (origin, local) {
@@ -125,6 +135,17 @@ fn run_hook(
         let tracer = Tracer { table_name, table, host, chain_type, hook };
         let mut next = Vec::new();
         for state in states {
+            // The kernel's nat core runs a hook's nat chains (every table's) only until one
+            // of them binds a translation of the kind that hook makes.
+            let translated = match hook {
+                Hook::Prerouting | Hook::Output => state.destination_translated,
+                Hook::Postrouting => state.masquerade,
+                _ => false,
+            };
+            if chain_type == ChainType::Nat && translated {
+                next.push(state);
+                continue;
+            }
             for (state, flow) in tracer.run_chain(&chain, state, 0)? {
                 match flow {
                     Flow::Continue | Flow::Accept => next.push(state),
@@ -208,6 +229,7 @@ impl Tracer<'_> {
             Statement::Dnat { address, port } => {
                 self.require(chain, "dnat", ChainType::Nat, &[Hook::Prerouting, Hook::Output])?;
                 state.packet.destination = *address;
+                state.destination_translated = true;
                 if let Some(port) = port {
                     state.packet.destination_port = *port;
                 }
@@ -495,5 +517,28 @@ mod tests {
         assert_eq!(only.len(), 1);
         assert_eq!(only[0].disposition, Disposition::Forwarded);
         assert_eq!(only[0].destination, packet().destination);
+    }
+
+    #[test]
+    fn once_a_nat_chain_translated_the_destination_no_other_tables_nat_chain_runs_on_that_hook() {
+        let dnat = |last: u8| Statement::Dnat { address: format!("198.18.129.{last}").parse().unwrap(), port: None };
+        let mut nft = nat_prerouting_with(vec![dnat(1)]);
+        let later = Chain {
+            name: "pre".into(),
+            base: Some(BaseChain { chain_type: ChainType::Nat, hook: Hook::Prerouting, priority: -90 }),
+            comment: None,
+        };
+        nft.apply(&Transaction {
+            table: TableName { family: Family::Ip, name: "other".into() },
+            operations: vec![
+                Operation::AddTable { comment: None },
+                Operation::AddChain(later),
+                Operation::AddRule(Rule { chain: "pre".into(), statements: vec![dnat(2)], comment: None }),
+            ],
+        })
+        .unwrap();
+        let outcomes = trace(&nft, Family::Ip, &Host::default(), Origin::Network, packet()).unwrap();
+        let destinations: Vec<String> = outcomes.iter().map(|o| o.destination.to_string()).collect();
+        assert_eq!(destinations, ["198.18.129.1"]);
     }
 }
