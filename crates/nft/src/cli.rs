@@ -12,7 +12,7 @@ use std::process::{Command, Output, Stdio};
 
 use crate::Nftables;
 use crate::error::{NftError, ObjectKind};
-use crate::objects::{ElementValue, Operation, TableName, Transaction};
+use crate::objects::{ElementValue, Family, Operation, TableName, Transaction};
 use crate::text::{self, ScriptWriter};
 use crate::validation;
 
@@ -193,6 +193,21 @@ impl Nftables for NftCli {
             line.contains("# handle") && !line.starts_with("chain ") && !line.starts_with("table ")
         };
         Ok(listing.lines().filter(is_rule).count())
+    }
+
+    fn list_tables(&mut self, family: Family) -> Result<Vec<String>, NftError> {
+        let output = self.run(&["list", "tables", family.keyword()], None)?;
+        if !output.status.success() {
+            return Err(NftError::Apply {
+                table: TableName::new(family, "*"),
+                message: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            });
+        }
+        let prefix = format!("table {} ", family.keyword());
+        Ok(String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix(&prefix).map(|name| name.trim().to_owned()))
+            .collect())
     }
 }
 

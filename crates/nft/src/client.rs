@@ -1,6 +1,6 @@
 //! Either real mechanism behind one type, chosen at run time (`--nft-mechanism`).
 
-use crate::{NftCli, NftError, NftNetlink, Nftables, TableName, Transaction};
+use crate::{Family, NftCli, NftError, NftNetlink, Nftables, TableName, Transaction};
 
 /// The way transactions reach the kernel.
 #[derive(Debug)]
@@ -30,6 +30,13 @@ impl Nftables for NftClient {
         match self {
             NftClient::Netlink(netlink) => netlink.count_rules(table, chain),
             NftClient::Cli(cli) => cli.count_rules(table, chain),
+        }
+    }
+
+    fn list_tables(&mut self, family: Family) -> Result<Vec<String>, NftError> {
+        match self {
+            NftClient::Netlink(netlink) => netlink.list_tables(family),
+            NftClient::Cli(cli) => cli.list_tables(family),
         }
     }
 }

@@ -109,6 +109,15 @@ impl Nftables for FakeNftables {
     fn count_rules(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError> {
         Ok(self.tables.get(table).and_then(|t| t.rules(chain)).map_or(0, <[Rule]>::len))
     }
+
+    fn list_tables(&mut self, family: Family) -> Result<Vec<String>, NftError> {
+        Ok(self
+            .table_names()
+            .into_iter()
+            .filter(|table| table.family == family)
+            .map(|table| table.name.clone())
+            .collect())
+    }
 }
 
 impl FakeNftables {

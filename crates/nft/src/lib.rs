@@ -46,4 +46,8 @@ pub trait Nftables {
     /// How many rules `chain` of `table` holds now; 0 when the table or the chain is gone.
     /// Cheap (one chain, not the table): what drift checks ask.
     fn count_rules(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError>;
+
+    /// The names of the tables of `family` that exist now (the names only, never their
+    /// contents: cheap whatever the tables hold).
+    fn list_tables(&mut self, family: Family) -> Result<Vec<String>, NftError>;
 }

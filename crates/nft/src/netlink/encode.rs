@@ -201,6 +201,19 @@ pub(super) fn get_rules_request(table: &TableName, chain: &str, seq: u32) -> Vec
     writer.buf
 }
 
+/// A `GETTABLE` dump of one family's tables.
+pub(super) fn get_tables_request(family: Family, seq: u32) -> Vec<u8> {
+    let mut writer = Writer::default();
+    let start = writer.begin_message(msg_type(NFT_MSG_GETTABLE), NLM_F_REQUEST | NLM_F_DUMP, seq, nfproto(family), 0);
+    writer.end_message(start);
+    writer.buf
+}
+
+/// The table a `NFT_MSG_NEWTABLE` message of a dump names.
+pub(super) fn table_name_of(payload: &[u8]) -> Option<String> {
+    message_attrs(payload).find(|attr| attr.attr_type == NFTA_TABLE_NAME).map(|attr| attr.string())
+}
+
 /// A `GETSET` request for one set.
 pub(super) fn get_set_request(table: &TableName, set: &str, seq: u32) -> Vec<u8> {
     let mut writer = Writer::default();

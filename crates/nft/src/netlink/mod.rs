@@ -50,7 +50,7 @@ use std::time::Duration;
 
 use crate::Nftables;
 use crate::error::{NftError, ObjectKind};
-use crate::objects::{DataType, ElementValue, Operation, Set, Statement, TableName, Transaction, Verdict};
+use crate::objects::{DataType, ElementValue, Family, Operation, Set, Statement, TableName, Transaction, Verdict};
 use crate::{text, validation};
 
 use encode::{Batch, Catalog, KnownSet};
@@ -250,6 +250,22 @@ impl Nftables for NftNetlink {
         validation::check_name(ObjectKind::Chain, chain)?;
         self.ready_socket()?;
         let result = self.count_rules_of(table, chain);
+        self.note(result)
+    }
+
+    fn list_tables(&mut self, family: Family) -> Result<Vec<String>, NftError> {
+        self.ready_socket()?;
+        let seq = self.next_seqs(1);
+        let request = encode::get_tables_request(family, seq);
+        let result = match self.socket.request(&request, seq).map_err(socket_error) {
+            Ok((replies, ack)) if ack.errno == 0 => {
+                Ok(replies.iter().filter_map(|reply| encode::table_name_of(reply)).collect())
+            }
+            Ok((_, ack)) => {
+                Err(NftError::Apply { table: TableName::new(family, "*"), message: describe(ack.errno, &ack.message) })
+            }
+            Err(error) => Err(error),
+        };
         self.note(result)
     }
 }

@@ -35,6 +35,7 @@ pub(super) const NFPROTO_IPV6: u8 = 10;
 
 // enum nf_tables_msg_types
 pub(super) const NFT_MSG_NEWTABLE: u16 = 0;
+pub(super) const NFT_MSG_GETTABLE: u16 = 1;
 pub(super) const NFT_MSG_DELTABLE: u16 = 2;
 pub(super) const NFT_MSG_NEWCHAIN: u16 = 3;
 pub(super) const NFT_MSG_DELCHAIN: u16 = 5;
