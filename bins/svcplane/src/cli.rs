@@ -213,6 +213,11 @@ pub struct ProxyArgs {
     /// without `counter`, and `top`, `/status` and the endpoint metrics show nothing).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub nft_counters: bool,
+    /// How many tables per family nftables mode spreads the Services over (1-64; 0: by
+    /// the cluster's size, one per ~1000 service ports, a power of two). A change costs the
+    /// kernel in proportion to the table it lands in.
+    #[arg(long, default_value_t = 0, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub nftables_tables: u16,
     /// Endpoint connection counters exported on `/metrics` as
     /// `svcplane_endpoint_connections_total` (the busiest N; the rest summed in one series).
     /// 0 turns the export off: each scrape then reads no kernel counters.

@@ -46,7 +46,7 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<(Box<dyn Dataplane>, InProc
                 }
                 NftMechanism::Cli => NftClient::Cli(NftCli::new().with_program(args.nft_program.clone())),
             };
-            Box::new(NftablesBackend::new(client).with_counting(args.nft_counters))
+            Box::new(nftables_backend(client, args))
         }
         Mode::Iptables => {
             let cli = IptablesCli::new(iptables_variant(args.iptables_backend));
@@ -148,9 +148,7 @@ pub fn every_mode(args: &CleanupArgs) -> Vec<Box<dyn Dataplane>> {
 /// kernel.
 pub fn for_render(args: &ProxyArgs) -> Box<dyn Dataplane> {
     match args.mode {
-        Mode::Nftables => {
-            Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new())).with_counting(args.nft_counters))
-        }
+        Mode::Nftables => Box::new(nftables_backend(NftClient::Cli(NftCli::new()), args)),
         Mode::Iptables => Box::new(IptablesBackend::new(svcplane_iptables::FakeIptables::new())),
         Mode::Ebpf => Box::new(EbpfBackend::new(EbpfOptions::default())),
         // Renders without opening anything.
@@ -177,5 +175,14 @@ pub fn for_counters(mode: Mode, iptables_backend: IptablesVariant, bpf_root: &st
             NftClient::Cli(NftCli::new()),
             svcplane_backend_userspace::Options::default(),
         )),
+    }
+}
+
+/// Nftables mode over `client` with the proxy's nftables settings.
+fn nftables_backend(client: NftClient, args: &ProxyArgs) -> NftablesBackend<NftClient> {
+    let backend = NftablesBackend::new(client).with_counting(args.nft_counters);
+    match args.nftables_tables {
+        0 => backend,
+        tables => backend.with_tables(usize::from(tables)),
     }
 }

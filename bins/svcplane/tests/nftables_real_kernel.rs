@@ -52,3 +52,60 @@ fn the_kernels_per_endpoint_counters_grow_by_exactly_the_connections_each_endpoi
     scenarios::real::check_connection_counters(&cluster);
     cluster.teardown();
 }
+
+/// Nftables mode with the Services spread over four tables per family, the shape a large
+/// cluster gets (one table per ~1000 service ports), forced on the small fixture.
+const NFTABLES_IN_FOUR_TABLES: Backend =
+    Backend { name: "nft4", proxy_args: &["--mode", "nftables", "--nftables-tables", "4"], ..NFTABLES };
+
+#[test]
+fn every_static_row_passes_with_the_services_spread_over_four_tables_per_family() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "every_static_row_passes_with_the_services_spread_over_four_tables_per_family",
+    ) {
+        return;
+    }
+    let cluster = Cluster::start(NFTABLES_IN_FOUR_TABLES);
+    let lab = cluster.lab();
+    let node = lab.node(scenarios::manifests::THIS_NODE).namespace_name();
+    let tables = lab.exec_ok(node, &["nft", "list", "tables"]).expect("nft list tables");
+    for table in ["ip svcplane", "ip svcplane-1", "ip svcplane-2", "ip svcplane-3", "ip6 svcplane-3"] {
+        assert!(tables.lines().any(|line| line.trim() == format!("table {table}")), "no {table} in:\n{tables}");
+    }
+    // SCTP needs a kernel module this host lacks; the guest runs those rows.
+    let rows: Vec<scenarios::Scenario> = scenarios::STATIC_TABLES
+        .iter()
+        .filter(|(name, _)| *name != "sctp")
+        .flat_map(|(_, rows)| rows.iter().copied())
+        .collect();
+    check_rows(&cluster, &rows);
+    cluster.teardown();
+}
+
+#[test]
+fn endpoint_changes_land_in_the_right_table_when_services_are_spread_over_four() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "endpoint_changes_land_in_the_right_table_when_services_are_spread_over_four",
+    ) {
+        return;
+    }
+    scenarios::common::check_endpoint_changes(NFTABLES_IN_FOUR_TABLES);
+}
+
+#[test]
+fn the_per_endpoint_counters_are_read_from_every_table() {
+    if !svcplane_testbed::can_run_real_kernel_tests("the_per_endpoint_counters_are_read_from_every_table") {
+        return;
+    }
+    let cluster = Cluster::start(NFTABLES_IN_FOUR_TABLES);
+    scenarios::real::check_connection_counters(&cluster);
+    cluster.teardown();
+}
+
+#[test]
+fn svcplane_cleanup_removes_every_one_of_the_four_tables() {
+    if !svcplane_testbed::can_run_real_kernel_tests("svcplane_cleanup_removes_every_one_of_the_four_tables") {
+        return;
+    }
+    scenarios::common::svcplane_cleanup_removes_the_svcplane_nftables_tables(NFTABLES_IN_FOUR_TABLES);
+}

@@ -7,18 +7,22 @@ use std::net::SocketAddr;
 
 use svcplane_core::counters::{EndpointCounter, service_port_label};
 use svcplane_core::{IpFamily, Protocol};
-use svcplane_nft::{NftCli, NftError};
+use svcplane_nft::{NftCli, NftError, Nftables, TableName};
 
-use crate::render::table_name;
+use crate::render::{is_svcplane_table, nft_family};
 
-/// The counters of both tables the backend writes; a table not there yet counts nothing.
-pub fn read(cli: &NftCli, families: &[IpFamily]) -> Result<Vec<EndpointCounter>, NftError> {
+/// The counters of every svcplane table of `families` there is now (however many tables
+/// the proxy spread its Services over); no table counts nothing.
+pub fn read(cli: &mut NftCli, families: &[IpFamily]) -> Result<Vec<EndpointCounter>, NftError> {
     let mut counters = Vec::new();
     for &family in families {
-        match cli.list_table(&table_name(family)) {
-            Ok(text) => counters.extend(parse(&text)),
-            Err(NftError::NotFound { .. }) => {}
-            Err(error) => return Err(error),
+        let family = nft_family(family);
+        for name in cli.list_tables(family)?.into_iter().filter(|name| is_svcplane_table(name)) {
+            match cli.list_table(&TableName::new(family, name)) {
+                Ok(text) => counters.extend(parse(&text)),
+                Err(NftError::NotFound { .. }) => {}
+                Err(error) => return Err(error),
+            }
         }
     }
     Ok(counters)

@@ -1,6 +1,7 @@
 //! Plan -> nftables objects. Pure: the same plan always renders the same objects.
 //!
-//! Shape (one table per family, all linear in the number of services; see
+//! Shape (one table per family, or several with the service ports spread over them by a
+//! hash of their names, each a complete copy of the shape; all linear in the number of services; see
 //! `docs/backend-nftables.md`): named verdict maps dispatch on destination, one chain per
 //! endpoint set holds a cascade of `numgen random mod k == 0` DNAT rules (no anonymous
 //! sets or maps per service: the kernel charges those quadratically), and rejects/drops for
@@ -10,8 +11,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 use svcplane_core::{
-    Destination, EndpointSetKind, Frontend, FrontendKind, IpFamily, NodePlan, Refusal, Route, ServicePortPlan,
-    SourceMatch, Unrouted,
+    Destination, EndpointSetKind, Frontend, FrontendKind, IpFamily, NodePlan, Refusal, Route, ServicePortName,
+    ServicePortPlan, SourceMatch, Unrouted,
 };
 use svcplane_nft::{
     ChainType, CmpOp, DataType, Element, ElementValue, Expr, Family, FibAddress, Hook, Match, Operation, RejectKind,
@@ -37,8 +38,58 @@ const REJECT_WITH_RESET: &str = "reject-with-reset";
 /// Where `Refusal::IcmpPortUnreachable` ports go.
 const REJECT_WITH_ICMP: &str = "reject-with-icmp";
 
+/// The first table of a family; also the only one while the plan is small.
 pub fn table_name(family: IpFamily) -> TableName {
-    TableName { family: nft_family(family), name: TABLE.to_owned() }
+    tables_table_name(family, 0)
+}
+
+/// The table number `index` of a family: `svcplane`, then `svcplane-1`, `svcplane-2`, …
+pub fn tables_table_name(family: IpFamily, index: usize) -> TableName {
+    let name = if index == 0 { TABLE.to_owned() } else { format!("{TABLE}-{index}") };
+    TableName { family: nft_family(family), name }
+}
+
+/// Whether `name` is one of the tables [`tables_table_name`] names.
+pub fn is_svcplane_table(name: &str) -> bool {
+    name == TABLE
+        || name
+            .strip_prefix(TABLE)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|index| index.parse::<usize>().ok())
+            .is_some_and(|index| {
+                (1..MAX_TABLES).contains(&index) && name == tables_table_name(IpFamily::V4, index).name
+            })
+}
+
+/// The most tables a family is spread over.
+pub const MAX_TABLES: usize = 64;
+
+/// How many service ports one table is sized for. The kernel re-validates a whole table
+/// (every chain its base chains reach) on each commit that adds a DNAT rule or a verdict
+/// map element, so a one-endpoint change costs in proportion to the table it lands in
+/// (~13 µs per service port on this machine): spreading the ports over tables of about
+/// this size keeps a change near a millisecond or two instead of 100 ms at 10k ports.
+pub const SERVICE_PORTS_PER_TABLE: usize = 1000;
+
+/// How many tables a family with `service_ports` ports is spread over: a power of two, so
+/// that doubling it moves only the ports whose hash has the new bit.
+pub fn tables_for(service_ports: usize) -> usize {
+    service_ports.div_ceil(SERVICE_PORTS_PER_TABLE).next_power_of_two().clamp(1, MAX_TABLES)
+}
+
+/// Which of `tables` tables a service port's objects live in: a hash of its name, the
+/// same in every process and for both families.
+pub fn table_index(name: &ServicePortName, tables: usize) -> usize {
+    if tables <= 1 {
+        return 0;
+    }
+    // FNV-1a: stable across processes and releases (the std hasher is not).
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in name.to_string().bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    (hash % tables as u64) as usize
 }
 
 pub fn nft_family(family: IpFamily) -> Family {

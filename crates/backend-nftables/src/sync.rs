@@ -1,6 +1,7 @@
-//! Applying plans: a full sync writes the whole table in one transaction; a partial sync
-//! sends only the difference for the service ports that changed, computed against an
-//! in-memory record of what was written (the kernel is never read back on the sync path).
+//! Applying plans: a full sync writes each table whole, one transaction per table; a
+//! partial sync sends only the difference for the service ports that changed, one
+//! transaction per table they live in, computed against an in-memory record of what was
+//! written (the kernel is never read back on the sync path).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
@@ -11,15 +12,19 @@ use svcplane_core::{Dataplane, DataplaneError, IpFamily, NodePlan, PlanDiff, Pla
 use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, Transaction};
 use tracing::warn;
 
-use crate::render::{PortObjects, base_operations, hairpin_element, render_port_counting, table_name};
+use crate::render::{
+    MAX_TABLES, PortObjects, base_operations, hairpin_element, render_port_counting, table_index, tables_for,
+    tables_table_name,
+};
 
 /// Why a sync failed. The previous ruleset stays in place (transactions are atomic) and
 /// the next sync is a full one.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
-    #[error("applying the {family:?} nftables transaction ({operations} operations): {source}")]
+    #[error("applying the {family:?} nftables transaction to table {table} ({operations} operations): {source}")]
     Apply {
         family: IpFamily,
+        table: String,
         operations: usize,
         #[source]
         source: NftError,
@@ -40,7 +45,13 @@ pub struct NftablesBackend<N> {
     nft: N,
     families: Vec<IpFamily>,
     written: HashMap<PlanKey, PortObjects>,
-    hairpin_refs: HashMap<(IpFamily, IpAddr), usize>,
+    /// How many service ports of each table use an endpoint address for hairpin.
+    hairpin_refs: HashMap<(TableKey, IpAddr), usize>,
+    /// How many tables each family's service ports are spread over (see
+    /// [`crate::render::tables_for`]); decided by each full sync, raised when the plan outgrows it.
+    tables: usize,
+    /// A fixed number of tables instead of one that follows the plan's size.
+    fixed_tables: Option<usize>,
     /// The node-port CIDRs the base objects were written with; a change rewrites all.
     written_node_port_cidrs: Option<BTreeMap<IpFamily, Vec<IpNet>>>,
     needs_full_sync: bool,
@@ -53,6 +64,9 @@ pub struct NftablesBackend<N> {
     /// Per-endpoint `counter` statements in the DNAT rules (on by default).
     counting: bool,
 }
+
+/// One table: a family and an index among its tables.
+type TableKey = (IpFamily, usize);
 
 /// How often [`NftablesBackend::find_drift`] asks the kernel: the loop may call it every
 /// tick, a deleted or flushed table is found within this (plus a sync).
@@ -72,38 +86,70 @@ const CANARY_CHAINS: [&str; 2] = ["services", "nat-prerouting"];
 /// connection arriving during that commit could miss the DNAT), and the affinity sets keep
 /// the clients they remember. Chains and sets of Services that are gone stay behind empty
 /// and unreferenced until the table is deleted (`svcplane cleanup`).
+///
+/// The plan's size decides how many tables each family uses ([`crate::render::tables_for`]).
 pub fn render_full(plan: &NodePlan, families: &[IpFamily]) -> Vec<Transaction> {
-    render_full_with_objects(plan, families, true).into_iter().map(|(transaction, _)| transaction).collect()
+    render_full_with_objects(plan, families, true, tables_for(largest_family(plan, families)))
+        .into_iter()
+        .map(|table| table.transaction)
+        .collect()
 }
 
-/// [`render_full`], with each family's service ports rendered (once) beside its transaction,
-/// for the record a full sync keeps.
+/// How many service ports the family with the most has.
+fn largest_family(plan: &NodePlan, families: &[IpFamily]) -> usize {
+    families
+        .iter()
+        .map(|&family| plan.service_ports.keys().filter(|key| key.family == family).count())
+        .max()
+        .unwrap_or(0)
+}
+
+/// One table of a full sync: its transaction and the service ports rendered into it.
+struct RenderedTable {
+    family: IpFamily,
+    index: usize,
+    transaction: Transaction,
+    ports: Vec<(PlanKey, PortObjects)>,
+}
+
+/// [`render_full`] over `tables` tables per family, with each table's service ports
+/// rendered (once) beside its transaction, for the record a full sync keeps.
 fn render_full_with_objects(
     plan: &NodePlan,
     families: &[IpFamily],
     counting: bool,
-) -> Vec<(Transaction, Vec<(PlanKey, PortObjects)>)> {
-    families
-        .iter()
-        .map(|&family| {
-            let mut operations = base_operations(family, plan);
-            let mut hairpin: HashSet<IpAddr> = HashSet::new();
-            let mut rendered = Vec::new();
-            for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
-                let objects = render_port_counting(port_plan, counting);
-                operations.extend(objects.sets.iter().cloned().map(Operation::AddSet));
-                add_chains(&mut operations, &objects.chains);
-                operations.extend(objects.elements.iter().cloned().map(Operation::AddElement));
-                for &address in &objects.endpoint_addresses {
-                    if hairpin.insert(address) {
-                        operations.push(Operation::AddElement(hairpin_element(address)));
-                    }
+    tables: usize,
+) -> Vec<RenderedTable> {
+    let mut out = Vec::with_capacity(families.len() * tables);
+    for &family in families {
+        // Per table: its operations, the hairpin addresses already added, its ports.
+        type Building = (Vec<Operation>, HashSet<IpAddr>, Vec<(PlanKey, PortObjects)>);
+        let mut per_table: Vec<Building> =
+            (0..tables).map(|_| (base_operations(family, plan), HashSet::new(), Vec::new())).collect();
+        for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
+            let (operations, hairpin, rendered) = &mut per_table[table_index(&key.name, tables)];
+            let objects = render_port_counting(port_plan, counting);
+            operations.extend(objects.sets.iter().cloned().map(Operation::AddSet));
+            add_chains(operations, &objects.chains);
+            operations.extend(objects.elements.iter().cloned().map(Operation::AddElement));
+            for &address in &objects.endpoint_addresses {
+                if hairpin.insert(address) {
+                    operations.push(Operation::AddElement(hairpin_element(address)));
                 }
-                rendered.push((key.clone(), objects));
             }
-            (Transaction { table: table_name(family), operations: replacing_in_place(operations) }, rendered)
-        })
-        .collect()
+            rendered.push((key.clone(), objects));
+        }
+        for (index, (operations, _, rendered)) in per_table.into_iter().enumerate() {
+            let table = tables_table_name(family, index);
+            out.push(RenderedTable {
+                family,
+                index,
+                transaction: Transaction { table, operations: replacing_in_place(operations) },
+                ports: rendered,
+            });
+        }
+    }
+    out
 }
 
 /// Orders a from-scratch list of operations so that it also replaces whatever the table
@@ -242,6 +288,8 @@ impl<N: Nftables> NftablesBackend<N> {
             families,
             written: HashMap::new(),
             hairpin_refs: HashMap::new(),
+            tables: 0,
+            fixed_tables: None,
             written_node_port_cidrs: None,
             needs_full_sync: true,
             replace_table: false,
@@ -255,6 +303,18 @@ impl<N: Nftables> NftablesBackend<N> {
     pub fn with_counting(mut self, counting: bool) -> Self {
         self.counting = counting;
         self
+    }
+
+    /// Spreads each family over exactly `tables` tables (1 to [`MAX_TABLES`]) whatever the
+    /// plan's size, instead of the number [`crate::render::tables_for`] picks.
+    pub fn with_tables(mut self, tables: usize) -> Self {
+        self.fixed_tables = Some(tables.clamp(1, MAX_TABLES));
+        self
+    }
+
+    /// How many tables each family is spread over now.
+    pub fn tables(&self) -> usize {
+        self.tables
     }
 
     /// How often drift checks actually ask the kernel.
@@ -271,8 +331,12 @@ impl<N: Nftables> NftablesBackend<N> {
             return None;
         }
         self.last_drift_check = Some(Instant::now());
-        for &family in &self.families {
-            let table = table_name(family);
+        let tables: Vec<_> = self
+            .families
+            .iter()
+            .flat_map(|&family| (0..self.tables).map(move |index| tables_table_name(family, index)))
+            .collect();
+        for table in tables {
             for chain in CANARY_CHAINS {
                 match self.nft.count_rules(&table, chain) {
                     Ok(0) => {
@@ -310,33 +374,66 @@ impl<N: Nftables> NftablesBackend<N> {
     /// Brings the kernel in line with `plan`. `changed` names the service ports that differ
     /// from the previous plan; it is ignored when a full sync is due.
     pub fn sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> Result<SyncReport, SyncError> {
-        if self.needs_full_sync || self.written_node_port_cidrs.as_ref() != Some(&plan.node_port_cidrs) {
+        if self.needs_full_sync
+            || self.written_node_port_cidrs.as_ref() != Some(&plan.node_port_cidrs)
+            || self.outgrown(plan)
+        {
             return self.full_sync(plan);
         }
         self.partial_sync(plan, changed)
     }
 
+    /// The tables the plan wants, fixed or by its size.
+    fn wanted_tables(&self, plan: &NodePlan) -> usize {
+        self.fixed_tables.unwrap_or_else(|| tables_for(largest_family(plan, &self.families)))
+    }
+
+    /// The plan has outgrown the tables it was spread over (a power of two, so this takes
+    /// between one and two times the ports they were sized for): the next sync is a full
+    /// one over more tables. Never fewer while running: a shrinking cluster keeps its
+    /// tables, so a size near a boundary cannot flap.
+    fn outgrown(&self, plan: &NodePlan) -> bool {
+        // The count by family walks every port: only when the total says it could be so.
+        self.fixed_tables.is_none()
+            && plan.service_ports.len() > self.tables * crate::render::SERVICE_PORTS_PER_TABLE
+            && self.wanted_tables(plan) > self.tables
+    }
+
     fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, SyncError> {
-        let mut rendered = render_full_with_objects(plan, &self.families, self.counting);
+        // While running, never fewer tables than before (see `outgrown`); a new process
+        // sizes them from its first plan.
+        let tables = self.fixed_tables.unwrap_or_else(|| self.wanted_tables(plan).max(self.tables));
+        let mut rendered = render_full_with_objects(plan, &self.families, self.counting, tables);
+        if self.tables != 0 && tables != self.tables {
+            self.remove_moved_objects(&mut rendered, tables);
+        }
         if self.replace_table {
-            for (transaction, _) in &mut rendered {
+            for RenderedTable { transaction, .. } in &mut rendered {
                 transaction.operations.splice(0..0, [Operation::AddTable { comment: None }, Operation::DeleteTable]);
             }
         }
         let mut operations = 0;
-        for ((transaction, _), &family) in rendered.iter().zip(&self.families) {
+        for RenderedTable { family, transaction, .. } in &rendered {
             operations += transaction.operations.len();
             if let Err(source) = self.nft.apply(transaction) {
                 self.replace_table = true;
-                return Err(SyncError::Apply { family, operations: transaction.operations.len(), source });
+                return Err(SyncError::Apply {
+                    family: *family,
+                    table: transaction.table.name.clone(),
+                    operations: transaction.operations.len(),
+                    source,
+                });
             }
         }
+        self.remove_tables_beyond(tables);
+        self.tables = tables;
         self.replace_table = false;
         self.written.clear();
         self.hairpin_refs.clear();
-        for (key, objects) in rendered.into_iter().flat_map(|(_, ports)| ports) {
+        for (key, objects) in rendered.into_iter().flat_map(|table| table.ports) {
+            let table = (key.family, table_index(&key.name, tables));
             for address in &objects.endpoint_addresses {
-                *self.hairpin_refs.entry((key.family, *address)).or_insert(0) += 1;
+                *self.hairpin_refs.entry((table, *address)).or_insert(0) += 1;
             }
             self.written.insert(key, objects);
         }
@@ -348,11 +445,16 @@ impl<N: Nftables> NftablesBackend<N> {
     fn partial_sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> Result<SyncReport, SyncError> {
         let empty = PortObjects::default();
         let mut report = SyncReport::default();
-        for &family in &self.families.clone() {
+        // One transaction per table the changed ports live in, in a fixed order.
+        let mut by_table: BTreeMap<TableKey, Vec<&PlanKey>> = BTreeMap::new();
+        for key in changed.keys().filter(|key| self.families.contains(&key.family)) {
+            by_table.entry((key.family, table_index(&key.name, self.tables))).or_default().push(key);
+        }
+        for (table, keys) in by_table {
             let mut phases = Phases::default();
             let mut rendered: Vec<(PlanKey, Option<PortObjects>)> = Vec::new();
             let mut hairpin_delta: HashMap<IpAddr, isize> = HashMap::new();
-            for key in changed.keys().filter(|key| key.family == family) {
+            for key in keys {
                 let new = plan.service_ports.get(key).map(|port| render_port_counting(port, self.counting));
                 let old = self.written.get(key).unwrap_or(&empty);
                 phases.diff(old, new.as_ref().unwrap_or(&empty));
@@ -369,7 +471,7 @@ impl<N: Nftables> NftablesBackend<N> {
                 if delta == 0 {
                     continue;
                 }
-                let before = self.hairpin_refs.get(&(family, address)).copied().unwrap_or(0);
+                let before = self.hairpin_refs.get(&(table, address)).copied().unwrap_or(0);
                 let after = before.checked_add_signed(delta).expect("hairpin references never go negative");
                 if before == 0 && after > 0 {
                     phases.add_elements.push(Operation::AddElement(hairpin_element(address)));
@@ -382,10 +484,16 @@ impl<N: Nftables> NftablesBackend<N> {
             if operations.is_empty() {
                 continue;
             }
-            let transaction = Transaction { table: table_name(family), operations };
+            let (family, index) = table;
+            let transaction = Transaction { table: tables_table_name(family, index), operations };
             if let Err(source) = self.nft.apply(&transaction) {
                 self.needs_full_sync = true;
-                return Err(SyncError::Apply { family, operations: transaction.operations.len(), source });
+                return Err(SyncError::Apply {
+                    family,
+                    table: transaction.table.name.clone(),
+                    operations: transaction.operations.len(),
+                    source,
+                });
             }
             report.operations += transaction.operations.len();
             report.service_ports += rendered.len();
@@ -397,20 +505,79 @@ impl<N: Nftables> NftablesBackend<N> {
             }
             for (address, count) in new_refs {
                 if count == 0 {
-                    self.hairpin_refs.remove(&(family, address));
+                    self.hairpin_refs.remove(&(table, address));
                 } else {
-                    self.hairpin_refs.insert((family, address), count);
+                    self.hairpin_refs.insert((table, address), count);
                 }
             }
         }
         Ok(report)
     }
 
+    /// When the number of tables grows, the service ports whose hash now picks another
+    /// table leave their old one in the same full sync: their chains flushed then deleted
+    /// and their sets deleted, after the maps that pointed at them were refilled without them.
+    fn remove_moved_objects(&self, rendered: &mut [RenderedTable], tables: usize) {
+        let mut flushes: BTreeMap<TableKey, Vec<Operation>> = BTreeMap::new();
+        let mut deletions: BTreeMap<TableKey, Vec<Operation>> = BTreeMap::new();
+        for (key, objects) in &self.written {
+            let (old, new) = (table_index(&key.name, self.tables), table_index(&key.name, tables));
+            if old == new || old >= tables {
+                continue;
+            }
+            let table = (key.family, old);
+            for (chain, _) in &objects.chains {
+                flushes.entry(table).or_default().push(Operation::FlushChain(chain.clone()));
+                deletions.entry(table).or_default().push(Operation::DeleteChain(chain.clone()));
+            }
+            deletions
+                .entry(table)
+                .or_default()
+                .extend(objects.sets.iter().map(|set| Operation::DeleteSet(set.name.clone())));
+        }
+        for table in rendered.iter_mut() {
+            let key = (table.family, table.index);
+            // Stale chains are all flushed before any is deleted: they may jump to each other.
+            table.transaction.operations.extend(flushes.remove(&key).unwrap_or_default());
+            table.transaction.operations.extend(deletions.remove(&key).unwrap_or_default());
+        }
+    }
+
+    /// Deletes this family's tables numbered `tables` and up that exist (an earlier run, or
+    /// this one before a restart with fewer Services, used more). Failures are logged: an
+    /// unused table left behind holds only Services that other tables now serve first.
+    fn remove_tables_beyond(&mut self, tables: usize) {
+        for &family in &self.families.clone() {
+            let existing = match self.nft.list_tables(crate::render::nft_family(family)) {
+                Ok(names) => names,
+                Err(error) => {
+                    warn!("listing nftables tables to remove svcplane's unused ones: {error}");
+                    continue;
+                }
+            };
+            for index in (tables..MAX_TABLES).rev() {
+                let table = tables_table_name(family, index);
+                if existing.contains(&table.name)
+                    && let Err(error) = self.nft.delete_table(&table)
+                {
+                    warn!("deleting svcplane's unused nftables table {}: {error}", table.name);
+                }
+            }
+        }
+    }
+
     /// Removes every table svcplane owns. Returns whether anything was there.
     pub fn cleanup(&mut self) -> Result<bool, NftError> {
         let mut removed = false;
         for &family in &self.families {
-            removed |= self.nft.delete_table(&table_name(family))?;
+            // Every table number, not only this process's: an earlier run may have used more.
+            let existing = self.nft.list_tables(crate::render::nft_family(family))?;
+            for index in (0..MAX_TABLES).rev() {
+                let table = tables_table_name(family, index);
+                if existing.contains(&table.name) {
+                    removed |= self.nft.delete_table(&table)?;
+                }
+            }
         }
         self.written.clear();
         self.hairpin_refs.clear();
@@ -439,7 +606,8 @@ impl<N: Nftables + Send + std::fmt::Debug> Dataplane for NftablesBackend<N> {
 
     fn render(&self, plan: &NodePlan) -> Result<String, DataplaneError> {
         let mut text = String::new();
-        for (transaction, _) in render_full_with_objects(plan, &self.families, self.counting) {
+        let tables = self.fixed_tables.unwrap_or_else(|| self.wanted_tables(plan).max(self.tables));
+        for RenderedTable { transaction, .. } in render_full_with_objects(plan, &self.families, self.counting, tables) {
             text.push_str(&svcplane_nft::render(&transaction)?);
         }
         Ok(text)
@@ -451,6 +619,6 @@ impl<N: Nftables + Send + std::fmt::Debug> Dataplane for NftablesBackend<N> {
 
     /// Read with the `nft` command whatever mechanism writes: a listing, never a sync.
     fn counters(&mut self) -> Result<Vec<svcplane_core::counters::EndpointCounter>, DataplaneError> {
-        Ok(crate::counters::read(&svcplane_nft::NftCli::new(), &self.families)?)
+        Ok(crate::counters::read(&mut svcplane_nft::NftCli::new(), &self.families)?)
     }
 }

@@ -234,6 +234,10 @@ impl Nftables for Flaky {
     fn count_rules(&mut self, table: &TableName, chain: &str) -> Result<usize, NftError> {
         self.inner.count_rules(table, chain)
     }
+
+    fn list_tables(&mut self, family: svcplane_nft::Family) -> Result<Vec<String>, NftError> {
+        self.inner.list_tables(family)
+    }
 }
 
 #[test]

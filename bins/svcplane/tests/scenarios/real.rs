@@ -860,7 +860,12 @@ fn echo_counters(cluster: &Cluster) -> Result<BTreeMap<(String, SocketAddr), u64
     let lab = cluster.lab();
     let mut args: Vec<&str> = vec![env!("CARGO_BIN_EXE_svcplane"), "top", "--count", "1", "--output", "json"];
     args.extend(["--max-series", "100000"]);
-    args.extend(cluster.backend().proxy_args.iter().copied());
+    // The flags `top` shares with the proxy: which mode's rules, which iptables.
+    for pair in cluster.backend().proxy_args.chunks(2) {
+        if let [flag @ ("--mode" | "--iptables-backend"), value] = pair {
+            args.extend([*flag, *value]);
+        }
+    }
     let bpf_root = cluster.bpf_root(THIS_NODE).to_string_lossy().into_owned();
     if cluster.backend().node_cgroups {
         args.extend(["--bpf-root", &bpf_root]);
