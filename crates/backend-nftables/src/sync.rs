@@ -412,6 +412,10 @@ impl<N: Nftables> NftablesBackend<N> {
                 transaction.operations.splice(0..0, [Operation::AddTable { comment: None }, Operation::DeleteTable]);
             }
         }
+        // The highest-numbered tables first: when the count grows, the ports that move go
+        // to a new, higher-numbered table, so they are served there before their old table
+        // drops them, and no new connection finds them in neither.
+        rendered.sort_by_key(|table| (table.family, std::cmp::Reverse(table.index)));
         let mut operations = 0;
         for RenderedTable { family, transaction, .. } in &rendered {
             operations += transaction.operations.len();
