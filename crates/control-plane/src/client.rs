@@ -16,6 +16,23 @@ use serde::de::DeserializeOwned;
 use crate::error::ControlPlaneError;
 use crate::namespace;
 
+/// A namespaced API kind the test client reads and writes (every method's bounds in one place).
+pub trait NamespacedKind:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned + Send + Sync + 'static
+{
+}
+
+impl<K> NamespacedKind for K where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// A `kube::Client` on a runtime whose threads all live in one network namespace, so its
 /// sockets do too, with blocking helpers for tests and benchmarks.
 pub struct NetnsClient {
@@ -87,14 +104,7 @@ impl NetnsClient {
     /// Creates a namespaced object in the namespace its metadata names (`default` when unset).
     pub fn create<K>(&self, object: &K) -> ApiResult<K>
     where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Clone
-            + Debug
-            + Serialize
-            + DeserializeOwned
-            + Send
-            + Sync
-            + 'static,
+        K: NamespacedKind + Serialize,
     {
         let api = self.namespaced::<K>(object.meta().namespace.as_deref());
         let object = object.clone();
@@ -105,13 +115,7 @@ impl NetnsClient {
     /// Reads a namespaced object.
     pub fn get<K>(&self, namespace: &str, name: &str) -> ApiResult<K>
     where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Clone
-            + Debug
-            + DeserializeOwned
-            + Send
-            + Sync
-            + 'static,
+        K: NamespacedKind,
     {
         let api = self.namespaced::<K>(Some(namespace));
         let operation = format!("reading {} {namespace}/{name}", K::kind(&()));
@@ -123,13 +127,7 @@ impl NetnsClient {
     /// selector.
     pub fn list<K>(&self, namespace: Option<&str>, labels: Option<&str>) -> ApiResult<Vec<K>>
     where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Clone
-            + Debug
-            + DeserializeOwned
-            + Send
-            + Sync
-            + 'static,
+        K: NamespacedKind,
     {
         let api = match namespace {
             Some(namespace) => self.namespaced::<K>(Some(namespace)),
@@ -146,13 +144,7 @@ impl NetnsClient {
     /// A JSON merge patch of a namespaced object (`status: true` for its status subresource).
     pub fn merge_patch<K>(&self, namespace: &str, name: &str, patch: serde_json::Value, status: bool) -> ApiResult<K>
     where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Clone
-            + Debug
-            + DeserializeOwned
-            + Send
-            + Sync
-            + 'static,
+        K: NamespacedKind,
     {
         let api = self.namespaced::<K>(Some(namespace));
         let operation = format!("patching {} {namespace}/{name}", K::kind(&()));
@@ -172,13 +164,7 @@ impl NetnsClient {
     /// A missing object is no error.
     pub fn delete<K>(&self, namespace: &str, name: &str, grace_period_seconds: Option<u32>) -> ApiResult<()>
     where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Clone
-            + Debug
-            + DeserializeOwned
-            + Send
-            + Sync
-            + 'static,
+        K: NamespacedKind,
     {
         let api = self.namespaced::<K>(Some(namespace));
         let operation = format!("deleting {} {namespace}/{name}", K::kind(&()));
