@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use svcplane_core::{Dataplane, DataplaneError, IpFamily, NodePlan, PlanDiff, PlanKey, SyncReport as CoreSyncReport};
-use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, Transaction};
+use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, TableName, Transaction};
 use tracing::warn;
 
 use crate::render::{
@@ -403,6 +403,10 @@ impl<N: Nftables> NftablesBackend<N> {
         // While running, never fewer tables than before (see `outgrown`); a new process
         // sizes them from its first plan.
         let tables = self.fixed_tables.unwrap_or_else(|| self.wanted_tables(plan).max(self.tables));
+        // Only a new process can find more tables than it wants (its count never shrinks
+        // while running); it looks before writing, since the `nft` CLI lists every table's
+        // contents to name them, and its own would make that costly.
+        let unused = if self.tables == 0 { self.tables_beyond(tables) } else { Vec::new() };
         let mut rendered = render_full_with_objects(plan, &self.families, self.counting, tables);
         if self.tables != 0 && tables != self.tables {
             self.remove_moved_objects(&mut rendered, tables);
@@ -429,7 +433,11 @@ impl<N: Nftables> NftablesBackend<N> {
                 });
             }
         }
-        self.remove_tables_beyond(tables);
+        for table in unused {
+            if let Err(error) = self.nft.delete_table(&table) {
+                warn!("deleting svcplane's unused nftables table {} {}: {error}", table.family.keyword(), table.name);
+            }
+        }
         self.tables = tables;
         self.replace_table = false;
         self.written.clear();
@@ -547,10 +555,11 @@ impl<N: Nftables> NftablesBackend<N> {
         }
     }
 
-    /// Deletes this family's tables numbered `tables` and up that exist (an earlier run, or
-    /// this one before a restart with fewer Services, used more). Failures are logged: an
-    /// unused table left behind holds only Services that other tables now serve first.
-    fn remove_tables_beyond(&mut self, tables: usize) {
+    /// The tables numbered `tables` and up that exist (an earlier run used more), to delete
+    /// once the new ones are written. Failures are logged: an unused table left behind
+    /// holds only Services that other tables serve too.
+    fn tables_beyond(&mut self, tables: usize) -> Vec<TableName> {
+        let mut unused = Vec::new();
         for &family in &self.families.clone() {
             let existing = match self.nft.list_tables(crate::render::nft_family(family)) {
                 Ok(names) => names,
@@ -559,15 +568,14 @@ impl<N: Nftables> NftablesBackend<N> {
                     continue;
                 }
             };
-            for index in (tables..MAX_TABLES).rev() {
-                let table = tables_table_name(family, index);
-                if existing.contains(&table.name)
-                    && let Err(error) = self.nft.delete_table(&table)
-                {
-                    warn!("deleting svcplane's unused nftables table {}: {error}", table.name);
-                }
-            }
+            unused.extend(
+                (tables..MAX_TABLES)
+                    .rev()
+                    .map(|index| tables_table_name(family, index))
+                    .filter(|table| existing.contains(&table.name)),
+            );
         }
+        unused
     }
 
     /// Removes every table svcplane owns. Returns whether anything was there.
