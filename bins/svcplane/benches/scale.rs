@@ -256,13 +256,16 @@ fn nft_list(netns: &Netns, args: &[&str]) -> anyhow::Result<String> {
 struct Stats {
     median: Duration,
     min: Duration,
+    /// The sample at the 99th percentile (nearest rank): the largest below 100 runs.
+    p99: Duration,
     runs: usize,
 }
 
 impl Stats {
     fn of(mut samples: Vec<Duration>) -> Self {
         samples.sort();
-        Self { median: samples[samples.len() / 2], min: samples[0], runs: samples.len() }
+        let p99 = samples[(samples.len() * 99).div_ceil(100) - 1];
+        Self { median: samples[samples.len() / 2], min: samples[0], p99, runs: samples.len() }
     }
 }
 
@@ -292,7 +295,14 @@ impl Report {
     fn row(&mut self, phase: &'static str, samples: Vec<Duration>, note: impl Into<String>) -> Stats {
         let stats = Stats::of(samples);
         let row = Row { phase, stats, note: note.into() };
-        eprintln!("  {:<34} median {:>9} min {:>9}  {}", row.phase, ms(stats.median), ms(stats.min), row.note);
+        eprintln!(
+            "  {:<34} median {:>9} min {:>9} p99 {:>9}  {}",
+            row.phase,
+            ms(stats.median),
+            ms(stats.min),
+            ms(stats.p99),
+            row.note
+        );
         self.rows.push(row);
         stats
     }
@@ -304,15 +314,29 @@ impl Report {
 
     fn markdown(&self) -> String {
         let mut out = format!(
-            "#### {} services x {} endpoints\n\n| phase | median | min | runs | note |\n| --- | ---: | ---: | ---: | --- |\n",
+            "#### {} services x {} endpoints\n\n| phase | median | min | p99 | runs | note |\n| --- | ---: | ---: | ---: | ---: | --- |\n",
             self.size, self.endpoints
         );
         for row in &self.rows {
             let s = row.stats;
-            writeln!(out, "| {} | {} | {} | {} | {} |", row.phase, ms(s.median), ms(s.min), s.runs, row.note).unwrap();
-        }
-        writeln!(out, "| peak RSS (VmHWM) | {:.0} MiB | | | whole process, generator included |\n", self.peak_rss_mib)
+            writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} |",
+                row.phase,
+                ms(s.median),
+                ms(s.min),
+                ms(s.p99),
+                s.runs,
+                row.note
+            )
             .unwrap();
+        }
+        writeln!(
+            out,
+            "| peak RSS (VmHWM) | {:.0} MiB | | | | whole process, generator included |\n",
+            self.peak_rss_mib
+        )
+        .unwrap();
         for (what, value) in &self.ratios {
             writeln!(out, "- {what}: **{value:.2}**").unwrap();
         }
@@ -567,6 +591,26 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
     );
     let (mut netlink_backend, netlink_netns) = programmed.expect("repeat > 0");
 
+    // Baseline 3: the same over netlink with every Service in one table per family, the
+    // shape before the tables were split (the kernel validates the whole table per commit).
+    let mut samples = Vec::new();
+    let mut programmed = None;
+    for _ in 0..repeat {
+        drop(programmed.take());
+        let netns = Netns::fresh()?;
+        let mut one_table = NftablesBackend::new(NftNetlink::in_network_namespace(&netns.0)?).with_tables(1);
+        let (took, result) = time(|| one_table.sync(&plan, &PlanDiff::default()));
+        ensure!(result?.full, "the first sync is a full one");
+        samples.push(took);
+        programmed = Some((one_table, netns));
+    }
+    report.row(
+        "baseline: cold, one table per family (netlink)",
+        samples,
+        format!("the default spreads {size} services over {} tables", netlink_backend.tables()),
+    );
+    let (mut one_table, one_table_netns) = programmed.expect("repeat > 0");
+
     // Full resync of an unchanged plan over the loaded table.
     let mut samples = Vec::new();
     for _ in 0..repeat {
@@ -581,6 +625,7 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
     let mut samples = Vec::new();
     let mut netlink_samples = Vec::new();
     let mut in_process = Vec::new();
+    let mut one_table_samples = Vec::new();
     let mut moved_to = Vec::new();
     for k in 0..args.changes {
         let service = k * size / args.changes;
@@ -606,13 +651,22 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
         let sync = result?;
         netlink_samples.push(planned + took);
         ensure!(!sync.full && sync.service_ports == 1, "expected a partial sync of one service port: {sync:?}");
+        let (took, result) = time(|| one_table.sync(&plan, &changed));
+        ensure!(!result?.full);
+        one_table_samples.push(planned + took);
     }
+    let change_one_table = report.row(
+        "baseline: one endpoint change, one table (netlink)",
+        one_table_samples,
+        "the same changes, every Service in one table per family",
+    );
+    drop(one_table_netns);
     let change_netlink = report.row(
         "**one endpoint change** (state -> kernel, netlink)",
         netlink_samples,
         "the same changes through NftNetlink",
     );
-    let listed = nft_list(&netlink_netns, &["list", "table", "ip", "svcplane"])?;
+    let listed = nft_list(&netlink_netns, &["list", "ruleset"])?;
     for address in &moved_to {
         ensure!(listed.contains(&format!("{address}:8080")), "{address} is not in the netlink-programmed table");
     }
@@ -676,7 +730,7 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
     );
 
     // The changes reached the kernel (outside every timing: listing is slow).
-    let listed = nft_list(&netns, &["list", "table", "ip", "svcplane"])?;
+    let listed = nft_list(&netns, &["list", "ruleset"])?;
     for address in &moved_to {
         ensure!(listed.contains(&format!("{address}:8080")), "{address} is not in the kernel's table");
     }
@@ -701,6 +755,14 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
     report.ratio(
         format!("one endpoint change, netlink / target 20 ms ({size})"),
         ratio(change_netlink.median, TARGET_CHANGE),
+    );
+    report.ratio(
+        format!("one endpoint change p99, netlink / target 20 ms ({size})"),
+        ratio(change_netlink.p99, TARGET_CHANGE),
+    );
+    report.ratio(
+        format!("one endpoint change, netlink / the same into one table ({size})"),
+        ratio(change_netlink.median, change_one_table.median),
     );
     report.ratio(
         format!("one endpoint change, netlink / one-chain `nft -f` ({size})"),
