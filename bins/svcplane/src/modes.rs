@@ -102,6 +102,8 @@ fn ipvs_config(args: &ProxyArgs) -> IpvsConfig {
             tcp_fin: args.ipvs_tcpfin_timeout,
             udp: args.ipvs_udp_timeout,
         },
+        exclude_cidrs: args.ipvs_exclude_cidrs.clone(),
+        strict_arp: args.ipvs_strict_arp,
     }
 }
 

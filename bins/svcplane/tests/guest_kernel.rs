@@ -112,8 +112,20 @@ const NODE_MODULES: &[&str] = &[
     "nft_reject_ipv6",
 ];
 
-/// What IPVS mode needs loaded: the kernel does not autoload `ip_vs` for generic netlink.
-const IPVS_MODULES: &[&str] = &["ip_vs", "ip_vs_rr"];
+/// What IPVS mode needs loaded: the kernel does not autoload `ip_vs` for generic netlink;
+/// the set types and `-m set` would load on first use, one `modprobe` at a time (about 10 s
+/// under emulation, in the proxy's first sync).
+const IPVS_MODULES: &[&str] = &[
+    "ip_vs",
+    "ip_vs_rr",
+    "ip_set",
+    "ip_set_hash_ipport",
+    "ip_set_hash_ipportip",
+    "ip_set_hash_ipportnet",
+    "ip_set_hash_net",
+    "ip_set_bitmap_port",
+    "xt_set",
+];
 
 /// Loads [`NODE_MODULES`] once per test process.
 fn load_node_modules() {
