@@ -143,6 +143,10 @@ pub fn every_mode(args: &CleanupArgs) -> Vec<Box<dyn Dataplane>> {
         Box::new(IptablesBackend::new(IptablesCli::new(Variant::Legacy))),
         Box::new(IptablesBackend::new(IptablesCli::new(Variant::Nft))),
         Box::new(EbpfBackend::new(ebpf_options(&args.ebpf))),
+        // IPVS mode's rules may be in either iptables variant; its virtual services,
+        // kube-ipvs0 and sets go with the first.
+        Box::new(IpvsBackend::new(IpvsConfig::default(), IptablesCli::new(Variant::Nft))),
+        Box::new(IpvsBackend::new(IpvsConfig::default(), IptablesCli::new(Variant::Legacy))),
     ]
 }
 

@@ -304,8 +304,19 @@ impl IpvsBackend {
                 }
             }
             let mut chains = Vec::new();
-            for chain in [rules::SERVICES, rules::MARK_MASQ, rules::POSTROUTING] {
-                if iptables.list_chain(fam, Table::Nat, chain)?.is_some() {
+            let ours = [rules::SERVICES, rules::MARK_MASQ, rules::POSTROUTING];
+            let saved = iptables.save(fam, Table::Nat)?;
+            for chain in ours {
+                // A chain other rules still jump to (an operator's rule to KUBE-MARK-MASQ)
+                // stays, as iptables mode leaves it.
+                let referenced = saved.lines().any(|line| {
+                    let words: Vec<&str> = line.split_whitespace().collect();
+                    let jumps = words.windows(2).any(|pair| pair[0] == "-j" && pair[1] == chain);
+                    let from = words.get(1).copied().unwrap_or_default();
+                    let hook = rules::HOOKS.iter().any(|(builtin, to)| *builtin == from && *to == chain);
+                    words.first() == Some(&"-A") && jumps && !ours.contains(&from) && !hook
+                });
+                if iptables.list_chain(fam, Table::Nat, chain)?.is_some() && !referenced {
                     chains.push(chain);
                 }
             }
@@ -320,10 +331,18 @@ impl IpvsBackend {
                 iptables.restore(fam, &table)?;
             }
         }
-        // The rules naming them are gone: the sets go too.
-        let ours: Vec<String> = self.ipset.save()?.into_keys().filter(|name| rules::is_our_set(name)).collect();
-        removed |= !ours.is_empty();
-        self.ipset.destroy(&ours)?;
+        // The rules naming them are gone: the sets go too. Where no set can be listed (no
+        // ipset program, no ip_set in the kernel), this mode cannot have made any.
+        let Ok(sets) = self.ipset.save() else {
+            return Ok(removed);
+        };
+        for name in sets.into_keys().filter(|name| rules::is_our_set(name)) {
+            // A set still named by rules of the other iptables variant stays for that
+            // variant's cleanup (`svcplane cleanup` runs both).
+            if self.ipset.destroy(std::slice::from_ref(&name)).is_ok() {
+                removed = true;
+            }
+        }
         Ok(removed)
     }
 }
