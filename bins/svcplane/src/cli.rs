@@ -56,7 +56,7 @@ pub enum Mode {
     /// BPF programs: Services balanced at connect() / sendmsg() for the node's cgroup tree.
     Ebpf,
     /// IPVS virtual services over generic netlink, Service addresses on `kube-ipvs0`
-    /// (needs the `ip_vs` module; no iptables/ipset rules yet, see docs/backend-ipvs.md).
+    /// (needs the `ip_vs` and `ip_set` modules and the ipset program; see docs/backend-ipvs.md).
     Ipvs,
     /// nftables DNATs each frontend to a relay in the proxy process, which picks an
     /// endpoint (retrying another on a failed connect) and relays the bytes; endpoints see
@@ -196,6 +196,19 @@ pub struct ProxyArgs {
     /// IPVS timeout of UDP flows: seconds or a duration (0: leave the kernel's).
     #[arg(long = "ipvs-udp-timeout", value_name = "DURATION")]
     pub ipvs_udp_timeout_flag: Option<String>,
+    /// CIDRs (comma-separated) whose IPVS virtual services a sync or `cleanup` never
+    /// removes, as kube-proxy's: services other software made there stay.
+    #[arg(long = "ipvs-exclude-cidrs", value_name = "CIDRS", value_delimiter = ',')]
+    pub ipvs_exclude_cidrs_flag: Option<Vec<String>>,
+    /// Sets `net.ipv4.conf.all.arp_ignore=1` and `arp_announce=2` in the node's network
+    /// namespace, so the node does not answer ARP for the Service addresses on `kube-ipvs0`.
+    #[arg(long = "ipvs-strict-arp", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub ipvs_strict_arp_flag: Option<bool>,
+    /// The excluded CIDRs and strict ARP in effect, set by `EffectiveConfig::apply_to`.
+    #[arg(skip)]
+    pub ipvs_exclude_cidrs: Vec<IpNet>,
+    #[arg(skip)]
+    pub ipvs_strict_arp: bool,
     /// The IPVS timeouts in effect, in seconds, set by `EffectiveConfig::apply_to`.
     #[arg(skip)]
     pub ipvs_tcp_timeout: u32,
@@ -354,10 +367,6 @@ pub struct IgnoredKubeProxyFlags {
     #[arg(long, hide = true)]
     pub master: Option<String>,
     #[arg(long, hide = true)]
-    pub ipvs_exclude_cidrs: Option<String>,
-    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    pub ipvs_strict_arp: Option<String>,
-    #[arg(long, hide = true)]
     pub show_hidden_metrics_for_version: Option<String>,
     #[arg(long, hide = true)]
     pub vmodule: Option<String>,
@@ -381,7 +390,7 @@ impl IgnoredKubeProxyFlags {
     /// The flags given that svcplane does not apply, as `--name`, in kube-proxy's order
     /// (the conntrack timeout flags are applied: not listed).
     pub fn given(&self) -> Vec<&'static str> {
-        let all: [(&'static str, bool); 27] = [
+        let all: [(&'static str, bool); 25] = [
             ("--masquerade-all", self.masquerade_all.is_some()),
             ("--iptables-masquerade-bit", self.iptables_masquerade_bit.is_some()),
             ("--iptables-localhost-nodeports", self.iptables_localhost_nodeports.is_some()),
@@ -398,8 +407,6 @@ impl IgnoredKubeProxyFlags {
             ("--kube-api-burst", self.kube_api_burst.is_some()),
             ("--kube-api-content-type", self.kube_api_content_type.is_some()),
             ("--master", self.master.is_some()),
-            ("--ipvs-exclude-cidrs", self.ipvs_exclude_cidrs.is_some()),
-            ("--ipvs-strict-arp", self.ipvs_strict_arp.is_some()),
             ("--show-hidden-metrics-for-version", self.show_hidden_metrics_for_version.is_some()),
             ("--vmodule", self.vmodule.is_some()),
             ("--logging-format", self.logging_format.is_some()),

@@ -685,6 +685,10 @@ pub struct IpvsSettings {
     pub tcp_timeout: Duration,
     pub tcp_fin_timeout: Duration,
     pub udp_timeout: Duration,
+    /// `ipvs.excludeCIDRs`: virtual services there are never removed.
+    pub exclude_cidrs: Vec<IpNet>,
+    /// `ipvs.strictARP`.
+    pub strict_arp: bool,
 }
 
 /// What `proxy` runs with: flags and `--config` resolved with kube-proxy's precedence.
@@ -885,6 +889,17 @@ impl EffectiveConfig {
         if let Some(scheduler) = &args.ipvs_scheduler_flag {
             config.ipvs.scheduler = scheduler.clone();
         }
+        if let Some(cidrs) = &args.ipvs_exclude_cidrs_flag {
+            for cidr in cidrs {
+                if cidr.trim().parse::<IpNet>().is_err() {
+                    bail!("--ipvs-exclude-cidrs: {cidr:?} is not a CIDR");
+                }
+            }
+            config.ipvs.exclude_cidrs = Some(cidrs.iter().map(|cidr| cidr.trim().to_owned()).collect());
+        }
+        if let Some(strict_arp) = args.ipvs_strict_arp_flag {
+            config.ipvs.strict_arp = strict_arp;
+        }
         for (flag, value, field) in [
             ("--ipvs-tcp-timeout", &args.ipvs_tcp_timeout_flag, &mut config.ipvs.tcp_timeout),
             ("--ipvs-tcpfin-timeout", &args.ipvs_tcpfin_timeout_flag, &mut config.ipvs.tcp_fin_timeout),
@@ -1014,9 +1029,11 @@ impl EffectiveConfig {
         if mode == Mode::Ipvs && !svcplane_backend_ipvs::SCHEDULERS.contains(&scheduler.as_str()) {
             bail!("ipvs.scheduler: {scheduler:?} is not one of {}", svcplane_backend_ipvs::SCHEDULERS.join(", "));
         }
+        let mut exclude_cidrs = Vec::new();
         for (index, cidr) in config.ipvs.exclude_cidrs.iter().flatten().enumerate() {
-            if cidr.parse::<IpNet>().is_err() {
-                bail!("ipvs.excludeCIDRs[{index}]: {cidr:?} is not a CIDR");
+            match cidr.trim().parse::<IpNet>() {
+                Ok(net) => exclude_cidrs.push(net),
+                Err(_) => bail!("ipvs.excludeCIDRs[{index}]: {cidr:?} is not a CIDR"),
             }
         }
         warnings.extend(not_applied(&config, mode));
@@ -1039,6 +1056,8 @@ impl EffectiveConfig {
                 tcp_timeout: config.ipvs.tcp_timeout.0,
                 tcp_fin_timeout: config.ipvs.tcp_fin_timeout.0,
                 udp_timeout: config.ipvs.udp_timeout.0,
+                exclude_cidrs,
+                strict_arp: config.ipvs.strict_arp,
             },
             warnings,
             kube_proxy: config,
@@ -1058,6 +1077,8 @@ impl EffectiveConfig {
         resolved.ipvs_tcp_timeout = seconds(self.ipvs.tcp_timeout);
         resolved.ipvs_tcpfin_timeout = seconds(self.ipvs.tcp_fin_timeout);
         resolved.ipvs_udp_timeout = seconds(self.ipvs.udp_timeout);
+        resolved.ipvs_exclude_cidrs = self.ipvs.exclude_cidrs.clone();
+        resolved.ipvs_strict_arp = self.ipvs.strict_arp;
         // --manifests is svcplane's own and has no field in the file: it stays the source.
         if resolved.source.manifests.is_none() {
             resolved.source.kubeconfig = self.kubeconfig.clone();
@@ -1219,6 +1240,8 @@ fn flags_config_overrides(args: &ProxyArgs) -> Vec<&'static str> {
     check("--ipvs-tcp-timeout", args.ipvs_tcp_timeout_flag.is_some());
     check("--ipvs-tcpfin-timeout", args.ipvs_tcpfin_timeout_flag.is_some());
     check("--ipvs-udp-timeout", args.ipvs_udp_timeout_flag.is_some());
+    check("--ipvs-exclude-cidrs", args.ipvs_exclude_cidrs_flag.is_some());
+    check("--ipvs-strict-arp", args.ipvs_strict_arp_flag.is_some());
     let ignored = &f.ignored;
     check("--conntrack-tcp-timeout-established", ignored.conntrack_tcp_timeout_established.is_some());
     check("--conntrack-tcp-timeout-close-wait", ignored.conntrack_tcp_timeout_close_wait.is_some());
@@ -1247,7 +1270,6 @@ fn flag_reason(flag: &str) -> &'static str {
             "svcplane's API client sets its own rate and content type"
         }
         "--master" => "the API server comes from the kubeconfig",
-        "--ipvs-exclude-cidrs" | "--ipvs-strict-arp" => "svcplane's IPVS mode does not do this",
         "--show-hidden-metrics-for-version" => "svcplane hides no metrics",
         _ => "svcplane's log level and format are SVCPLANE_LOG's",
     }
@@ -1295,12 +1317,6 @@ fn not_applied(c: &KubeProxyConfiguration, mode: Mode) -> Vec<String> {
         mode == Mode::Iptables && c.iptables.localhost_node_ports != Some(false),
         "svcplane never answers NodePorts on loopback (as kube-proxy with `false`)",
     );
-    field(
-        "ipvs.excludeCIDRs",
-        c.ipvs.exclude_cidrs.as_ref().is_some_and(|v| !v.is_empty()),
-        "svcplane's IPVS mode removes only virtual services it made",
-    );
-    field("ipvs.strictARP", c.ipvs.strict_arp, "svcplane leaves arp_ignore / arp_announce as they are");
     let winkernel = "kube-proxy's Windows mode; svcplane runs on Linux";
     field("winkernel.networkName", !c.winkernel.network_name.is_empty(), winkernel);
     field("winkernel.sourceVip", !c.winkernel.source_vip.is_empty(), winkernel);
@@ -1551,9 +1567,37 @@ mod tests {
     #[test]
     fn a_non_applicable_field_is_named_in_exactly_one_warning() {
         let effective =
-            with_file(&format!("{MINIMAL}mode: ipvs\nhostnameOverride: n\nipvs:\n  strictARP: true\n"), &[]).unwrap();
+            with_file(&format!("{MINIMAL}mode: ipvs\nhostnameOverride: n\nenableProfiling: true\n"), &[]).unwrap();
         assert_eq!(effective.warnings.len(), 1, "{:?}", effective.warnings);
-        assert!(effective.warnings[0].starts_with("ipvs.strictARP is not applied"));
+        assert!(effective.warnings[0].starts_with("enableProfiling is not applied"));
+    }
+
+    #[test]
+    fn ipvs_strict_arp_and_excluded_cidrs_are_applied_from_the_file_and_from_flags() {
+        let body = format!(
+            "{MINIMAL}mode: ipvs\nhostnameOverride: n\nipvs:\n  strictARP: true\n  excludeCIDRs: [198.18.200.0/24, 2001:db8:ff::/64]\n"
+        );
+        let effective = with_file(&body, &[]).unwrap();
+        assert!(effective.warnings.is_empty(), "{:?}", effective.warnings);
+        assert!(effective.ipvs.strict_arp);
+        let expected: Vec<IpNet> = vec!["198.18.200.0/24".parse().unwrap(), "2001:db8:ff::/64".parse().unwrap()];
+        assert_eq!(effective.ipvs.exclude_cidrs, expected);
+        let from_flags = EffectiveConfig::resolve_quietly(&args(&[
+            "--node-name=n",
+            "--mode=ipvs",
+            "--ipvs-strict-arp",
+            "--ipvs-exclude-cidrs=198.18.200.0/24,2001:db8:ff::/64",
+        ]))
+        .unwrap();
+        assert!(from_flags.warnings.is_empty(), "{:?}", from_flags.warnings);
+        assert!(from_flags.ipvs.strict_arp);
+        assert_eq!(from_flags.ipvs.exclude_cidrs, expected);
+        let resolved = from_flags.apply_to(&args(&["--node-name=n"]));
+        assert!(resolved.ipvs_strict_arp);
+        assert_eq!(resolved.ipvs_exclude_cidrs, expected);
+        let error =
+            EffectiveConfig::resolve_quietly(&args(&["--node-name=n", "--ipvs-exclude-cidrs=nope"])).unwrap_err();
+        assert!(format!("{error:#}").contains("--ipvs-exclude-cidrs: \"nope\" is not a CIDR"), "{error:#}");
     }
 
     #[test]

@@ -102,6 +102,8 @@ fn ipvs_config(args: &ProxyArgs) -> IpvsConfig {
             tcp_fin: args.ipvs_tcpfin_timeout,
             udp: args.ipvs_udp_timeout,
         },
+        exclude_cidrs: args.ipvs_exclude_cidrs.clone(),
+        strict_arp: args.ipvs_strict_arp,
     }
 }
 
@@ -141,6 +143,10 @@ pub fn every_mode(args: &CleanupArgs) -> Vec<Box<dyn Dataplane>> {
         Box::new(IptablesBackend::new(IptablesCli::new(Variant::Legacy))),
         Box::new(IptablesBackend::new(IptablesCli::new(Variant::Nft))),
         Box::new(EbpfBackend::new(ebpf_options(&args.ebpf))),
+        // IPVS mode's rules may be in either iptables variant; its virtual services,
+        // kube-ipvs0 and sets go with the first.
+        Box::new(IpvsBackend::new(IpvsConfig::default(), IptablesCli::new(Variant::Nft))),
+        Box::new(IpvsBackend::new(IpvsConfig::default(), IptablesCli::new(Variant::Legacy))),
     ]
 }
 

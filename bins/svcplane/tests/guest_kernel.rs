@@ -12,7 +12,7 @@ mod scenarios;
 
 use std::time::Duration;
 
-use scenarios::cluster::{Backend, Cluster};
+use scenarios::cluster::{Backend, Cluster, THIS_NODE};
 use scenarios::manifests::ECHO_PORT;
 use scenarios::{ALL_ECHO_PODS, Protocol, check_rows};
 use svcplane_testbed::guest;
@@ -112,8 +112,20 @@ const NODE_MODULES: &[&str] = &[
     "nft_reject_ipv6",
 ];
 
-/// What IPVS mode needs loaded: the kernel does not autoload `ip_vs` for generic netlink.
-const IPVS_MODULES: &[&str] = &["ip_vs", "ip_vs_rr"];
+/// What IPVS mode needs loaded: the kernel does not autoload `ip_vs` for generic netlink;
+/// the set types and `-m set` would load on first use, one `modprobe` at a time (about 10 s
+/// under emulation, in the proxy's first sync).
+const IPVS_MODULES: &[&str] = &[
+    "ip_vs",
+    "ip_vs_rr",
+    "ip_set",
+    "ip_set_hash_ipport",
+    "ip_set_hash_ipportip",
+    "ip_set_hash_ipportnet",
+    "ip_set_hash_net",
+    "ip_set_bitmap_port",
+    "xt_set",
+];
 
 /// Loads [`NODE_MODULES`] once per test process.
 fn load_node_modules() {
@@ -211,10 +223,33 @@ fn ipvs_mode_passes_the_static_scenario_tables_in_the_guest_but_the_rows_listed_
     }
     let rows = ipvs_rows();
     assert!(rows.iter().any(|row| row.protocol == Protocol::Sctp), "an SCTP row is among them");
-    let cluster = Cluster::builder(IPVS)
+    let mut cluster = Cluster::builder(IPVS)
         .line_servers(Protocol::Sctp, ECHO_PORT, ALL_ECHO_PODS)
         .programmed_within(PROGRAMMED_IN_GUEST_WITHIN)
         .start();
     check_rows(&cluster, &rows);
+    cleanup_removes_what_ipvs_mode_programmed(&mut cluster);
     cluster.teardown();
+}
+
+/// `svcplane cleanup` on a node that ran ipvs mode: no virtual service, no `kube-ipvs0`, no
+/// set and no chain of the mode is left.
+fn cleanup_removes_what_ipvs_mode_programmed(cluster: &mut Cluster) {
+    let node = cluster.lab().node(THIS_NODE).namespace_name().to_owned();
+    let before = cluster.lab().exec_ok(&node, &["ipset", "list", "-n"]).expect("ipset list");
+    assert!(before.lines().any(|name| name == "KUBE-CLUSTER-IP"), "ipvs mode made its sets: {before}");
+    cluster.stop_proxy(THIS_NODE);
+    let lab = cluster.lab();
+    lab.exec_ok(&node, &[env!("CARGO_BIN_EXE_svcplane"), "cleanup"]).expect("svcplane cleanup");
+    let services = lab.exec_ok(&node, &["cat", "/proc/net/ip_vs"]).expect("reading the IPVS table");
+    assert!(!services.lines().any(|line| line.starts_with("TCP") || line.starts_with("UDP")), "{services}");
+    let links = lab.exec_ok(&node, &["ip", "-o", "link"]).expect("ip link");
+    assert!(!links.contains("kube-ipvs0"), "{links}");
+    let sets = lab.exec_ok(&node, &["ipset", "list", "-n"]).expect("ipset list");
+    assert!(!sets.lines().any(|name| name.starts_with("KUBE-")), "sets left: {sets}");
+    for save in ["iptables-nft-save", "ip6tables-nft-save"] {
+        let text = lab.exec_ok(&node, &[save]).expect("iptables-save");
+        let left: Vec<&str> = text.lines().filter(|line| line.contains("KUBE-")).collect();
+        assert!(left.is_empty(), "{save}: cleanup left {left:#?}");
+    }
 }

@@ -124,12 +124,12 @@ fn bad_values_and_a_wrong_type_are_errors_naming_the_field() {
 
 #[test]
 fn a_field_svcplane_does_not_apply_is_named_in_exactly_one_warning() {
-    let (_dir, path) = config_file(&format!("{HEADER}mode: ipvs\nipvs:\n  strictARP: true\n"));
+    let (_dir, path) = config_file(&format!("{HEADER}mode: ipvs\nenableProfiling: true\n"));
     let output = render(&["--config", path.to_str().unwrap(), "--node-name", "node1"]);
     assert!(output.status.success(), "{}", stderr(&output));
     let warnings = warnings(&output);
     assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert_eq!(warnings[0].matches("ipvs.strictARP").count(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].matches("enableProfiling").count(), 1, "{warnings:?}");
 }
 
 #[test]

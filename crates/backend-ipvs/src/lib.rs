@@ -8,19 +8,21 @@
 //! the scheduler (`--ipvs-scheduler`, `rr` by default) and the connection timeouts. A sync
 //! reads the kernel's IPVS table and sends only the difference.
 //!
-//! Beside IPVS, iptables rules in the nat table ([`rules`], upstream's chain names) mark
-//! what the plan's routes say to masquerade and masquerade it after IPVS (with
+//! Beside IPVS, iptables rules in the nat table ([`rules`], upstream's chain and set names)
+//! mark what the plan's routes say to masquerade and masquerade it after IPVS (with
 //! `net.ipv4.vs.conntrack=1`); each route's sources are matched there, while IPVS sends
-//! every source to the catch-all route's endpoint set.
+//! every source to the catch-all route's endpoint set. The rules match frontends through
+//! ipsets ([`ipset`], synced as a difference), so they do not grow with the Services.
 //!
-//! In the filter table ([`rules::filter_table`]): rejection when a Service has no endpoints,
-//! drops the plan asks for, `loadBalancerSourceRanges`. Endpoints that still serve but left
-//! a frontend's set drain at weight 0.
+//! In the filter table: rejection when a Service has no endpoints, drops the plan asks for,
+//! `loadBalancerSourceRanges`. Endpoints that still serve but left a frontend's set drain at
+//! weight 0. `--ipvs-exclude-cidrs` protects virtual services from removal; strict ARP sets
+//! the node namespace's `arp_ignore` / `arp_announce`.
 //!
-//! What it does not do yet: upstream's ipsets (rules match each frontend directly),
-//! different endpoint sets per source (`externalTrafficPolicy: Local` sends every source to
-//! the catch-all set), `--ipvs-exclude-cidrs` and strict ARP.
+//! What it does not do yet: different endpoint sets per source (`externalTrafficPolicy:
+//! Local` sends every source to the catch-all set).
 
+pub mod ipset;
 pub mod rules;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,13 +49,35 @@ pub struct IpvsConfig {
     pub scheduler: String,
     /// `--ipvs-tcp-timeout`, `--ipvs-tcpfin-timeout`, `--ipvs-udp-timeout` (0: leave).
     pub timeouts: Timeouts,
+    /// `--ipvs-exclude-cidrs`: virtual services whose address is in one of these are never
+    /// removed, by a sync or by cleanup (a service the plan wants there is still written).
+    pub exclude_cidrs: Vec<ipnet::IpNet>,
+    /// `--ipvs-strict-arp`: `arp_ignore=1`, `arp_announce=2` in the node's namespace.
+    pub strict_arp: bool,
 }
 
 impl Default for IpvsConfig {
     fn default() -> Self {
-        IpvsConfig { scheduler: "rr".to_owned(), timeouts: Timeouts::default() }
+        IpvsConfig {
+            scheduler: "rr".to_owned(),
+            timeouts: Timeouts::default(),
+            exclude_cidrs: Vec::new(),
+            strict_arp: false,
+        }
     }
 }
+
+impl IpvsConfig {
+    fn excluded(&self, address: &IpAddr) -> bool {
+        self.exclude_cidrs.iter().any(|cidr| cidr.contains(address))
+    }
+}
+
+/// The sysctls strict ARP sets (in the namespace of the calling thread), as upstream: the
+/// node answers ARP only for addresses of the interface asked on, and announces only its
+/// best local address, so the Service addresses on `kube-ipvs0` stay off the wire.
+pub const STRICT_ARP: &[(&str, &str)] =
+    &[("/proc/sys/net/ipv4/conf/all/arp_ignore", "1"), ("/proc/sys/net/ipv4/conf/all/arp_announce", "2")];
 
 /// What a plan is in IPVS terms.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -141,7 +165,9 @@ pub struct IpvsBackend {
     config: IpvsConfig,
     /// Writes the nat rules beside IPVS; `None` only renders.
     iptables: Option<IptablesCli>,
+    ipset: ipset::IpsetCli,
     conntrack_enabled: bool,
+    strict_arp_set: bool,
     ipvs: Option<Ipvs>,
     interface: DummyInterface,
     /// Virtual services this process programmed: a sync deletes those no longer wanted.
@@ -160,7 +186,9 @@ impl IpvsBackend {
         IpvsBackend {
             config,
             iptables: None,
+            ipset: ipset::IpsetCli,
             conntrack_enabled: false,
+            strict_arp_set: false,
             ipvs: None,
             interface: DummyInterface::new(INTERFACE),
             programmed: BTreeSet::new(),
@@ -175,7 +203,8 @@ impl IpvsBackend {
         Ok(self.ipvs.as_mut().expect("opened above"))
     }
 
-    /// Writes the nat rules of both families and hooks them in where missing.
+    /// Writes the sets and the rules of both families and hooks the rules in where
+    /// missing: sets first (the rules name them), sets no longer wanted last.
     fn sync_rules(&mut self, plan: &NodePlan, node_addresses: &[IpAddr]) -> Result<usize, DataplaneError> {
         let Some(iptables) = self.iptables.as_mut() else {
             return Ok(0);
@@ -186,10 +215,21 @@ impl IpvsBackend {
                 .map_err(|error| format!("setting sysctl net.ipv4.vs.conntrack to 1: {error}"))?;
             self.conntrack_enabled = true;
         }
-        let mut operations = 0;
-        for family in [IpFamily::V4, IpFamily::V6] {
+        let families: Vec<(IpFamily, rules::FamilyRules)> = [IpFamily::V4, IpFamily::V6]
+            .into_iter()
+            .map(|family| {
+                (family, rules::family_rules(plan, family, &node_port_addresses(plan, family, node_addresses)))
+            })
+            .collect();
+        let wanted: BTreeMap<String, ipset::IpSet> =
+            families.iter().flat_map(|(_, rules)| rules.sets.clone()).collect();
+        let current = self.ipset.save()?;
+        let set_changes = ipset::changes(&current, &wanted, rules::is_our_set);
+        self.ipset.apply(&set_changes)?;
+        let mut operations = set_changes.operations;
+        for (family, family_rules) in families {
             let fam = rules::family_of(family);
-            let mut table = rules::nat_table(plan, family, &node_port_addresses(plan, family, node_addresses));
+            let mut table = family_rules.nat;
             for (builtin, chain) in rules::HOOKS {
                 let listing = iptables.list_chain(fam, Table::Nat, builtin)?.unwrap_or_default();
                 let hook = format!("-A {builtin} -j {chain}");
@@ -200,7 +240,7 @@ impl IpvsBackend {
             operations += table.commands.len();
             iptables.restore(fam, &table)?;
 
-            let mut filter = rules::filter_table(plan, family, &node_port_addresses(plan, family, node_addresses));
+            let mut filter = family_rules.filter;
             for (builtin, chain) in rules::FILTER_HOOKS {
                 let listing = iptables.list_chain(fam, Table::Filter, builtin)?.unwrap_or_default();
                 let hook = format!("-A {builtin} -j {chain}");
@@ -208,7 +248,7 @@ impl IpvsBackend {
                     filter.insert(*builtin, 1, rules::hook_rule(chain));
                 }
             }
-            // Source-range chains of frontends that are gone: flushed, then deleted.
+            // Chains of earlier versions (per-frontend source ranges): flushed, then deleted.
             let existing = saved_chains(iptables, fam, Table::Filter)?;
             let wanted: BTreeSet<String> = filter.chain_lines().into_iter().map(str::to_owned).collect();
             let stale: Vec<String> =
@@ -222,7 +262,9 @@ impl IpvsBackend {
             operations += filter.commands.len();
             iptables.restore(fam, &filter)?;
         }
-        Ok(operations)
+        // No rule names them any more.
+        self.ipset.destroy(&set_changes.stale)?;
+        Ok(operations + set_changes.stale.len())
     }
 
     /// Removes the hooks and chains [`Self::sync_rules`] writes.
@@ -262,8 +304,19 @@ impl IpvsBackend {
                 }
             }
             let mut chains = Vec::new();
-            for chain in [rules::SERVICES, rules::MARK_MASQ, rules::POSTROUTING] {
-                if iptables.list_chain(fam, Table::Nat, chain)?.is_some() {
+            let ours = [rules::SERVICES, rules::MARK_MASQ, rules::POSTROUTING];
+            let saved = iptables.save(fam, Table::Nat)?;
+            for chain in ours {
+                // A chain other rules still jump to (an operator's rule to KUBE-MARK-MASQ)
+                // stays, as iptables mode leaves it.
+                let referenced = saved.lines().any(|line| {
+                    let words: Vec<&str> = line.split_whitespace().collect();
+                    let jumps = words.windows(2).any(|pair| pair[0] == "-j" && pair[1] == chain);
+                    let from = words.get(1).copied().unwrap_or_default();
+                    let hook = rules::HOOKS.iter().any(|(builtin, to)| *builtin == from && *to == chain);
+                    words.first() == Some(&"-A") && jumps && !ours.contains(&from) && !hook
+                });
+                if iptables.list_chain(fam, Table::Nat, chain)?.is_some() && !referenced {
                     chains.push(chain);
                 }
             }
@@ -276,6 +329,18 @@ impl IpvsBackend {
             if !table.is_empty() {
                 removed = true;
                 iptables.restore(fam, &table)?;
+            }
+        }
+        // The rules naming them are gone: the sets go too. Where no set can be listed (no
+        // ipset program, no ip_set in the kernel), this mode cannot have made any.
+        let Ok(sets) = self.ipset.save() else {
+            return Ok(removed);
+        };
+        for name in sets.into_keys().filter(|name| rules::is_our_set(name)) {
+            // A set still named by rules of the other iptables variant stays for that
+            // variant's cleanup (`svcplane cleanup` runs both).
+            if self.ipset.destroy(std::slice::from_ref(&name)).is_ok() {
+                removed = true;
             }
         }
         Ok(removed)
@@ -309,6 +374,13 @@ impl Dataplane for IpvsBackend {
         node_addresses.extend(plan.config.node_ips.iter().copied());
         let node_addresses: Vec<IpAddr> = node_addresses.into_iter().collect();
         let spelling = spell(plan, &self.config.scheduler, &node_addresses);
+        if self.config.strict_arp && !self.strict_arp_set {
+            for (path, value) in STRICT_ARP {
+                std::fs::write(path, value)
+                    .map_err(|error| format!("strict ARP: writing {value} to {path}: {error}"))?;
+            }
+            self.strict_arp_set = true;
+        }
         let timeouts = self.config.timeouts;
         if !self.timeouts_set && timeouts != Timeouts::default() {
             self.ipvs()?.set_timeouts(timeouts)?;
@@ -320,11 +392,15 @@ impl Dataplane for IpvsBackend {
         ours.extend(spelling.addresses.iter().copied());
         ours.extend(node_addresses.iter().copied());
         let programmed = self.programmed.clone();
+        let wanted: BTreeSet<ServiceKey> = spelling.services.iter().map(|entry| entry.service.key).collect();
+        let config = self.config.clone();
         let current: Vec<ServiceEntry> = self
             .ipvs()?
             .table()?
             .into_iter()
             .filter(|entry| ours.contains(&entry.service.key.address) || programmed.contains(&entry.service.key))
+            // An excluded address's services are left alone unless the plan wants them.
+            .filter(|entry| !config.excluded(&entry.service.key.address) || wanted.contains(&entry.service.key))
             .collect();
         let changes = diff(&current, &spelling.services);
         // Addresses first, so a new ClusterIP is local before its service exists; the
@@ -376,6 +452,7 @@ impl Dataplane for IpvsBackend {
     fn cleanup(&mut self) -> Result<bool, DataplaneError> {
         let addresses = self.interface.addresses()?;
         let programmed = self.programmed.clone();
+        let config = self.config.clone();
         let mut removed = false;
         match self.ipvs() {
             Ok(ipvs) => {
@@ -385,6 +462,7 @@ impl Dataplane for IpvsBackend {
                     .filter(|entry| {
                         addresses.contains(&entry.service.key.address) || programmed.contains(&entry.service.key)
                     })
+                    .filter(|entry| !config.excluded(&entry.service.key.address))
                     .collect();
                 removed |= !ours.is_empty();
                 ipvs.apply(&diff(&ours, &[]))?;

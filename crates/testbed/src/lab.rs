@@ -34,8 +34,9 @@ use crate::probe::{self, EchoReply, ProbeError};
 
 /// Time limit of [`Lab::exec`] and of each setup command.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long [`Lab::start_echo`] waits for a new echo server to answer.
-pub const ECHO_START_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`Lab::start_echo`] waits for a new echo server to answer: a debug build
+/// starting in the emulated guest kernel on a busy 2-core machine has taken over 5 s.
+pub const ECHO_START_TIMEOUT: Duration = Duration::from_secs(20);
 /// The interface name every pod, node and client uses towards the outside.
 pub const OUTSIDE_INTERFACE: &str = "eth0";
 

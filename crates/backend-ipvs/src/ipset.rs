@@ -1,0 +1,344 @@
+//! The ipsets IPVS mode's iptables rules match through, written with `ipset restore` in the
+//! calling thread's network namespace.
+//!
+//! A sync reads the namespace's sets (`ipset save`), and sends only the difference: sets
+//! that are missing are created, members that are gone are deleted and members that are new
+//! added, sets of ours no longer wanted are destroyed (after the rules stopped naming them).
+//! The difference goes in one `ipset restore`; when it fails part-way, every set it touched
+//! is put back as it was before the sync, each built whole in a temporary set and swapped
+//! in (`ipset swap` is atomic), so a failed sync leaves the sets as they were.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+
+use ipnet::IpNet;
+use svcplane_core::{IpFamily, Protocol};
+
+/// The longest name the kernel takes (`IPSET_MAXNAMELEN` less the terminator); longer
+/// names are cut, as upstream cuts its IPv6 names.
+pub const MAX_NAME: usize = 31;
+
+/// The set types this mode uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetType {
+    /// `address,protocol:port`: a frontend.
+    HashIpPort,
+    /// `address,protocol:port,address`: an endpoint and its own address as source (hairpin).
+    HashIpPortIp,
+    /// `address,protocol:port,net`: a frontend and an allowed source range.
+    HashIpPortNet,
+    /// `net`: source ranges.
+    HashNet,
+    /// `port`: NodePorts of one protocol, on every local address.
+    BitmapPort,
+}
+
+impl SetType {
+    pub fn name(self) -> &'static str {
+        match self {
+            SetType::HashIpPort => "hash:ip,port",
+            SetType::HashIpPortIp => "hash:ip,port,ip",
+            SetType::HashIpPortNet => "hash:ip,port,net",
+            SetType::HashNet => "hash:net",
+            SetType::BitmapPort => "bitmap:port",
+        }
+    }
+}
+
+/// One wanted set: its type, family and members, each spelled as `ipset save` prints it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpSet {
+    pub set_type: SetType,
+    pub family: IpFamily,
+    pub members: BTreeSet<String>,
+}
+
+impl IpSet {
+    pub fn new(set_type: SetType, family: IpFamily) -> Self {
+        IpSet { set_type, family, members: BTreeSet::new() }
+    }
+
+    /// The `create` line's options after the name.
+    fn create_options(&self) -> String {
+        match self.set_type {
+            SetType::BitmapPort => format!("{} range 0-65535", self.set_type.name()),
+            _ => format!("{} family {}", self.set_type.name(), family_word(self.family)),
+        }
+    }
+
+    /// Whether a set the kernel has (type and header from `ipset save`) is of this kind.
+    fn same_kind(&self, saved: &SavedSet) -> bool {
+        saved.set_type == self.set_type.name()
+            && (self.set_type == SetType::BitmapPort
+                || saved
+                    .header
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .windows(2)
+                    .any(|pair| pair[0] == "family" && pair[1] == family_word(self.family)))
+    }
+}
+
+fn family_word(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "inet",
+        IpFamily::V6 => "inet6",
+    }
+}
+
+/// A set name for `family`: upstream's IPv4 name, `KUBE-6-...` for IPv6, cut to [`MAX_NAME`].
+pub fn set_name(family: IpFamily, base: &str) -> String {
+    let mut name = match family {
+        IpFamily::V4 => format!("KUBE-{base}"),
+        IpFamily::V6 => format!("KUBE-6-{base}"),
+    };
+    name.truncate(MAX_NAME);
+    name
+}
+
+/// `address,protocol:port`.
+pub fn ip_port(address: IpAddr, protocol: Protocol, port: u16) -> String {
+    format!("{address},{protocol}:{port}")
+}
+
+/// `address,protocol:port,address`.
+pub fn ip_port_ip(address: IpAddr, protocol: Protocol, port: u16, source: IpAddr) -> String {
+    format!("{address},{protocol}:{port},{source}")
+}
+
+/// A net as `ipset save` prints it: the network address, without the length when it is
+/// a single address.
+pub fn net(net: IpNet) -> String {
+    let net = net.trunc();
+    if net.prefix_len() == net.max_prefix_len() { net.addr().to_string() } else { net.to_string() }
+}
+
+/// `address,protocol:port,net`.
+pub fn ip_port_net(address: IpAddr, protocol: Protocol, port: u16, source: IpNet) -> String {
+    format!("{address},{protocol}:{port},{}", net(source))
+}
+
+/// A set as `ipset save` lists it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SavedSet {
+    pub set_type: String,
+    /// The rest of the `create` line.
+    pub header: String,
+    pub members: BTreeSet<String>,
+}
+
+/// Parses `ipset save` output.
+pub fn parse_save(text: &str) -> BTreeMap<String, SavedSet> {
+    let mut sets: BTreeMap<String, SavedSet> = BTreeMap::new();
+    for line in text.lines() {
+        let mut words = line.splitn(3, ' ');
+        match (words.next(), words.next(), words.next()) {
+            (Some("create"), Some(name), Some(rest)) => {
+                let (set_type, header) = rest.split_once(' ').unwrap_or((rest, ""));
+                sets.insert(
+                    name.to_owned(),
+                    SavedSet { set_type: set_type.to_owned(), header: header.to_owned(), members: BTreeSet::new() },
+                );
+            }
+            (Some("add"), Some(name), Some(member)) => {
+                if let Some(set) = sets.get_mut(name) {
+                    set.members.insert(member.trim().to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    sets
+}
+
+/// What one sync sends: the difference, and how to put back what it touched.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// `ipset restore` lines: creations, then deletions and additions per set.
+    pub script: Vec<String>,
+    /// Per set the difference touched that existed before: how to rebuild it as it was.
+    pub rollback: Vec<String>,
+    /// Sets to destroy once no rule names them.
+    pub stale: Vec<String>,
+    /// Members added or removed, sets created.
+    pub operations: usize,
+}
+
+/// The temporary set a rollback builds into (the name cut to fit).
+fn temporary_name(name: &str) -> String {
+    let mut temporary = format!("{name}-T");
+    if temporary.len() > MAX_NAME {
+        temporary = format!("{}-T", &name[..MAX_NAME - 2]);
+    }
+    temporary
+}
+
+/// The difference between the sets the kernel has and `wanted`. `ours` says which of the
+/// kernel's sets this mode owns (a set of ours not wanted is stale).
+pub fn changes(
+    current: &BTreeMap<String, SavedSet>,
+    wanted: &BTreeMap<String, IpSet>,
+    ours: impl Fn(&str) -> bool,
+) -> Changes {
+    let mut out = Changes::default();
+    for (name, set) in wanted {
+        match current.get(name) {
+            Some(saved) if set.same_kind(saved) => {
+                let removed: Vec<&String> = saved.members.difference(&set.members).collect();
+                let added: Vec<&String> = set.members.difference(&saved.members).collect();
+                if removed.is_empty() && added.is_empty() {
+                    continue;
+                }
+                out.operations += removed.len() + added.len();
+                out.script.extend(removed.iter().map(|member| format!("del {name} {member}")));
+                out.script.extend(added.iter().map(|member| format!("add {name} {member}")));
+                let temporary = temporary_name(name);
+                out.rollback.push(format!("create {temporary} {} {}", saved.set_type, saved.header));
+                out.rollback.extend(saved.members.iter().map(|member| format!("add {temporary} {member}")));
+                out.rollback.push(format!("swap {temporary} {name}"));
+                out.rollback.push(format!("destroy {temporary}"));
+            }
+            Some(_) => {
+                // Another type or family under our name: built anew and swapped in (the
+                // kernel swaps only sets of compatible types; otherwise the error says so).
+                let temporary = temporary_name(name);
+                out.operations += 1 + set.members.len();
+                out.script.push(format!("create {temporary} {}", set.create_options()));
+                out.script.extend(set.members.iter().map(|member| format!("add {temporary} {member}")));
+                out.script.push(format!("swap {temporary} {name}"));
+                out.script.push(format!("destroy {temporary}"));
+            }
+            None => {
+                out.operations += 1 + set.members.len();
+                out.script.push(format!("create {name} {}", set.create_options()));
+                out.script.extend(set.members.iter().map(|member| format!("add {name} {member}")));
+            }
+        }
+    }
+    out.stale = current.keys().filter(|name| !wanted.contains_key(*name) && ours(name)).cloned().collect();
+    out
+}
+
+/// Runs `ipset` in the calling thread's network namespace.
+#[derive(Debug, Clone, Default)]
+pub struct IpsetCli;
+
+impl IpsetCli {
+    /// Every set of the namespace, with its members.
+    pub fn save(&self) -> Result<BTreeMap<String, SavedSet>, String> {
+        let output = Command::new("ipset")
+            .arg("save")
+            .output()
+            .map_err(|error| format!("running ipset save (is the ipset package installed?): {error}"))?;
+        if !output.status.success() {
+            return Err(format!("ipset save failed: {}", String::from_utf8_lossy(&output.stderr).trim()));
+        }
+        Ok(parse_save(&String::from_utf8_lossy(&output.stdout)))
+    }
+
+    /// Feeds `lines` to `ipset restore`.
+    pub fn restore(&self, lines: &[String]) -> Result<(), String> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let mut child = Command::new("ipset")
+            .args(["restore", "-exist"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|error| format!("running ipset restore (is the ipset package installed?): {error}"))?;
+        let mut text = lines.join("\n");
+        text.push('\n');
+        let written = child.stdin.take().expect("piped").write_all(text.as_bytes());
+        let output = child.wait_with_output().map_err(|error| format!("waiting for ipset restore: {error}"))?;
+        if !output.status.success() {
+            return Err(format!("ipset restore failed: {}", String::from_utf8_lossy(&output.stderr).trim()));
+        }
+        written.map_err(|error| format!("writing to ipset restore: {error}"))
+    }
+
+    /// Applies `changes` (but the stale sets): when the difference fails, the sets it
+    /// touched are rebuilt as they were, and the error says what failed.
+    pub fn apply(&self, changes: &Changes) -> Result<(), String> {
+        match self.restore(&changes.script) {
+            Ok(()) => Ok(()),
+            Err(error) => match self.restore(&changes.rollback) {
+                Ok(()) => Err(format!("{error} (the sets are as they were before this sync)")),
+                Err(rollback) => Err(format!("{error}; putting the sets back failed too: {rollback}")),
+            },
+        }
+    }
+
+    /// Destroys `names` (sets no rule names any more).
+    pub fn destroy(&self, names: &[String]) -> Result<(), String> {
+        let lines: Vec<String> = names.iter().map(|name| format!("destroy {name}")).collect();
+        self.restore(&lines)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAVED: &str = "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x1\n\
+add KUBE-CLUSTER-IP 198.19.0.10,tcp:80\n\
+add KUBE-CLUSTER-IP 198.19.0.11,udp:53\n\
+create KUBE-NODE-PORT-TCP bitmap:port range 0-65535\n\
+create KUBE-OLD hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+create other hash:ip family inet hashsize 1024 maxelem 65536\n";
+
+    #[test]
+    fn a_sync_sends_only_the_members_that_differ_and_can_put_the_set_back() {
+        let current = parse_save(SAVED);
+        let mut cluster = IpSet::new(SetType::HashIpPort, IpFamily::V4);
+        cluster.members.insert(ip_port("198.19.0.10".parse().unwrap(), Protocol::Tcp, 80));
+        cluster.members.insert(ip_port("198.19.0.12".parse().unwrap(), Protocol::Sctp, 80));
+        let mut node_ports = IpSet::new(SetType::BitmapPort, IpFamily::V4);
+        node_ports.members.insert("30080".into());
+        let wanted = BTreeMap::from([
+            ("KUBE-CLUSTER-IP".to_owned(), cluster),
+            ("KUBE-NODE-PORT-TCP".to_owned(), node_ports),
+            ("KUBE-6-CLUSTER-IP".to_owned(), IpSet::new(SetType::HashIpPort, IpFamily::V6)),
+        ]);
+        let changes = changes(&current, &wanted, |name| name.starts_with("KUBE-"));
+        assert_eq!(
+            changes.script,
+            vec![
+                "create KUBE-6-CLUSTER-IP hash:ip,port family inet6",
+                "del KUBE-CLUSTER-IP 198.19.0.11,udp:53",
+                "add KUBE-CLUSTER-IP 198.19.0.12,sctp:80",
+                "add KUBE-NODE-PORT-TCP 30080",
+            ]
+        );
+        assert_eq!(changes.operations, 4);
+        assert_eq!(changes.stale, vec!["KUBE-OLD"], "other software's sets are left alone");
+        assert!(changes.rollback.contains(&"add KUBE-CLUSTER-IP-T 198.19.0.11,udp:53".to_owned()));
+        assert!(changes.rollback.contains(&"swap KUBE-CLUSTER-IP-T KUBE-CLUSTER-IP".to_owned()));
+        assert!(changes.rollback.contains(&"swap KUBE-NODE-PORT-TCP-T KUBE-NODE-PORT-TCP".to_owned()));
+    }
+
+    #[test]
+    fn an_unchanged_set_sends_nothing() {
+        let current = parse_save(SAVED);
+        let mut cluster = IpSet::new(SetType::HashIpPort, IpFamily::V4);
+        cluster.members = current["KUBE-CLUSTER-IP"].members.clone();
+        let wanted = BTreeMap::from([("KUBE-CLUSTER-IP".to_owned(), cluster)]);
+        let changes = changes(&current, &wanted, |name| name == "KUBE-CLUSTER-IP");
+        assert!(changes.script.is_empty() && changes.rollback.is_empty() && changes.stale.is_empty());
+    }
+
+    #[test]
+    fn names_and_members_are_spelled_as_ipset_prints_them() {
+        assert_eq!(set_name(IpFamily::V6, "LOAD-BALANCER-SOURCE-CIDR"), "KUBE-6-LOAD-BALANCER-SOURCE-CID");
+        assert_eq!(set_name(IpFamily::V4, "LOOP-BACK"), "KUBE-LOOP-BACK");
+        assert_eq!(net("198.18.0.100/32".parse().unwrap()), "198.18.0.100");
+        assert_eq!(net("2001:db8::ff/64".parse().unwrap()), "2001:db8::/64");
+        assert_eq!(
+            ip_port_ip("2001:db8::1".parse().unwrap(), Protocol::Tcp, 8080, "2001:db8::1".parse().unwrap()),
+            "2001:db8::1,tcp:8080,2001:db8::1"
+        );
+    }
+}
