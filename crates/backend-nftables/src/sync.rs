@@ -3,12 +3,13 @@
 //! in-memory record of what was written (the kernel is never read back on the sync path).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use svcplane_core::{Dataplane, DataplaneError, IpFamily, NodePlan, PlanDiff, PlanKey, SyncReport as CoreSyncReport};
-use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, Transaction};
+use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, Set, Transaction};
 use tracing::warn;
 
 use crate::render::{PortObjects, base_operations, hairpin_element, render_port_counting, table_name};
@@ -39,7 +40,7 @@ pub struct SyncReport {
 pub struct NftablesBackend<N> {
     nft: N,
     families: Vec<IpFamily>,
-    written: HashMap<PlanKey, PortObjects>,
+    written: HashMap<PlanKey, Written>,
     hairpin_refs: HashMap<(IpFamily, IpAddr), usize>,
     /// The node-port CIDRs the base objects were written with; a change rewrites all.
     written_node_port_cidrs: Option<BTreeMap<IpFamily, Vec<IpNet>>>,
@@ -52,6 +53,46 @@ pub struct NftablesBackend<N> {
     last_drift_check: Option<Instant>,
     /// Per-endpoint `counter` statements in the DNAT rules (on by default).
     counting: bool,
+}
+
+/// What the record keeps of the objects one service port was written with: enough for the
+/// next partial sync's difference, not the rules themselves (at 10k Services those were
+/// most of the proxy's memory): a chain's rules are stood for by a 128-bit digest, so a
+/// chain is rewritten when the digest of its new rules differs.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Written {
+    chains: Vec<(String, RulesDigest)>,
+    elements: Vec<Element>,
+    endpoint_addresses: Vec<IpAddr>,
+    sets: Vec<Set>,
+}
+
+/// Two SipHash digests (fixed keys, different prefixes) of a chain's rule list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RulesDigest(u64, u64);
+
+impl RulesDigest {
+    fn of(rules: &[Rule]) -> Self {
+        let digest = |prefix: u8| {
+            let mut hasher = DefaultHasher::new();
+            prefix.hash(&mut hasher);
+            rules.hash(&mut hasher);
+            hasher.finish()
+        };
+        Self(digest(0), digest(1))
+    }
+}
+
+impl Written {
+    /// The record of `objects`; the rules stay in `objects`.
+    fn of(objects: &PortObjects) -> Self {
+        Self {
+            chains: objects.chains.iter().map(|(name, rules)| (name.clone(), RulesDigest::of(rules))).collect(),
+            elements: objects.elements.clone(),
+            endpoint_addresses: objects.endpoint_addresses.clone(),
+            sets: objects.sets.clone(),
+        }
+    }
 }
 
 /// How often [`NftablesBackend::find_drift`] asks the kernel: the loop may call it every
@@ -73,37 +114,29 @@ const CANARY_CHAINS: [&str; 2] = ["services", "nat-prerouting"];
 /// the clients they remember. Chains and sets of Services that are gone stay behind empty
 /// and unreferenced until the table is deleted (`svcplane cleanup`).
 pub fn render_full(plan: &NodePlan, families: &[IpFamily]) -> Vec<Transaction> {
-    render_full_with_objects(plan, families, true).into_iter().map(|(transaction, _)| transaction).collect()
+    families.iter().map(|&family| render_family(plan, family, true).0).collect()
 }
 
-/// [`render_full`], with each family's service ports rendered (once) beside its transaction,
-/// for the record a full sync keeps.
-fn render_full_with_objects(
-    plan: &NodePlan,
-    families: &[IpFamily],
-    counting: bool,
-) -> Vec<(Transaction, Vec<(PlanKey, PortObjects)>)> {
-    families
-        .iter()
-        .map(|&family| {
-            let mut operations = base_operations(family, plan);
-            let mut hairpin: HashSet<IpAddr> = HashSet::new();
-            let mut rendered = Vec::new();
-            for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
-                let objects = render_port_counting(port_plan, counting);
-                operations.extend(objects.sets.iter().cloned().map(Operation::AddSet));
-                add_chains(&mut operations, &objects.chains);
-                operations.extend(objects.elements.iter().cloned().map(Operation::AddElement));
-                for &address in &objects.endpoint_addresses {
-                    if hairpin.insert(address) {
-                        operations.push(Operation::AddElement(hairpin_element(address)));
-                    }
-                }
-                rendered.push((key.clone(), objects));
+/// One family's full transaction, with the record of each service port (the rules move
+/// into the transaction; only their digests stay in the record).
+fn render_family(plan: &NodePlan, family: IpFamily, counting: bool) -> (Transaction, Vec<(PlanKey, Written)>) {
+    let mut operations = base_operations(family, plan);
+    let mut hairpin: HashSet<IpAddr> = HashSet::new();
+    let mut written = Vec::new();
+    for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
+        let objects = render_port_counting(port_plan, counting);
+        written.push((key.clone(), Written::of(&objects)));
+        let PortObjects { chains, elements, endpoint_addresses, sets } = objects;
+        operations.extend(sets.into_iter().map(Operation::AddSet));
+        add_chains(&mut operations, chains);
+        operations.extend(elements.into_iter().map(Operation::AddElement));
+        for address in endpoint_addresses {
+            if hairpin.insert(address) {
+                operations.push(Operation::AddElement(hairpin_element(address)));
             }
-            (Transaction { table: table_name(family), operations: replacing_in_place(operations) }, rendered)
-        })
-        .collect()
+        }
+    }
+    (Transaction { table: table_name(family), operations: replacing_in_place(operations) }, written)
 }
 
 /// Orders a from-scratch list of operations so that it also replaces whatever the table
@@ -135,13 +168,13 @@ fn replacing_in_place(operations: Vec<Operation>) -> Vec<Operation> {
     table.into_iter().chain(sets).chain(chains).chain(flushes).chain(contents).collect()
 }
 
-fn add_chains(operations: &mut Vec<Operation>, chains: &[(String, Vec<Rule>)]) {
+fn add_chains(operations: &mut Vec<Operation>, chains: Vec<(String, Vec<Rule>)>) {
     // All chains first: rules may jump to chains created later in the list.
-    for (name, _) in chains {
+    for (name, _) in &chains {
         operations.push(Operation::AddChain(svcplane_nft::Chain { name: name.clone(), base: None, comment: None }));
     }
     for (_, rules) in chains {
-        operations.extend(rules.iter().cloned().map(Operation::AddRule));
+        operations.extend(rules.into_iter().map(Operation::AddRule));
     }
 }
 
@@ -161,7 +194,7 @@ struct Phases {
 }
 
 impl Phases {
-    fn diff(&mut self, old: &PortObjects, new: &PortObjects) {
+    fn diff(&mut self, old: &Written, new: &PortObjects) {
         // Adding a set that exists with other settings (a new affinity timeout) updates it.
         for set in &new.sets {
             if !old.sets.contains(set) {
@@ -173,7 +206,7 @@ impl Phases {
                 self.delete_sets.push(Operation::DeleteSet(set.name.clone()));
             }
         }
-        let old_chains: HashMap<&str, &Vec<Rule>> = old.chains.iter().map(|(n, r)| (n.as_str(), r)).collect();
+        let old_chains: HashMap<&str, RulesDigest> = old.chains.iter().map(|(n, d)| (n.as_str(), *d)).collect();
         let new_chain_names: HashSet<&str> = new.chains.iter().map(|(n, _)| n.as_str()).collect();
         for (name, rules) in &new.chains {
             match old_chains.get(name.as_str()) {
@@ -185,7 +218,7 @@ impl Phases {
                     }));
                     self.rules.extend(rules.iter().cloned().map(Operation::AddRule));
                 }
-                Some(old_rules) if *old_rules != rules => {
+                Some(old_digest) if *old_digest != RulesDigest::of(rules) => {
                     self.rules.push(Operation::FlushChain(name.clone()));
                     self.rules.extend(rules.iter().cloned().map(Operation::AddRule));
                 }
@@ -317,7 +350,8 @@ impl<N: Nftables> NftablesBackend<N> {
     }
 
     fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, SyncError> {
-        let mut rendered = render_full_with_objects(plan, &self.families, self.counting);
+        let mut rendered: Vec<(Transaction, Vec<(PlanKey, Written)>)> =
+            self.families.iter().map(|&family| render_family(plan, family, self.counting)).collect();
         if self.replace_table {
             for (transaction, _) in &mut rendered {
                 transaction.operations.splice(0..0, [Operation::AddTable { comment: None }, Operation::DeleteTable]);
@@ -334,11 +368,15 @@ impl<N: Nftables> NftablesBackend<N> {
         self.replace_table = false;
         self.written.clear();
         self.hairpin_refs.clear();
-        for (key, objects) in rendered.into_iter().flat_map(|(_, ports)| ports) {
-            for address in &objects.endpoint_addresses {
-                *self.hairpin_refs.entry((key.family, *address)).or_insert(0) += 1;
+        for (transaction, ports) in rendered {
+            // The rules are in the kernel now; only the record stays.
+            drop(transaction);
+            for (key, objects) in ports {
+                for address in &objects.endpoint_addresses {
+                    *self.hairpin_refs.entry((key.family, *address)).or_insert(0) += 1;
+                }
+                self.written.insert(key, objects);
             }
-            self.written.insert(key, objects);
         }
         self.written_node_port_cidrs = Some(plan.node_port_cidrs.clone());
         self.needs_full_sync = false;
@@ -346,23 +384,24 @@ impl<N: Nftables> NftablesBackend<N> {
     }
 
     fn partial_sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> Result<SyncReport, SyncError> {
-        let empty = PortObjects::default();
+        let empty = Written::default();
+        let empty_objects = PortObjects::default();
         let mut report = SyncReport::default();
         for &family in &self.families.clone() {
             let mut phases = Phases::default();
-            let mut rendered: Vec<(PlanKey, Option<PortObjects>)> = Vec::new();
+            let mut rendered: Vec<(PlanKey, Option<Written>)> = Vec::new();
             let mut hairpin_delta: HashMap<IpAddr, isize> = HashMap::new();
             for key in changed.keys().filter(|key| key.family == family) {
                 let new = plan.service_ports.get(key).map(|port| render_port_counting(port, self.counting));
                 let old = self.written.get(key).unwrap_or(&empty);
-                phases.diff(old, new.as_ref().unwrap_or(&empty));
+                phases.diff(old, new.as_ref().unwrap_or(&empty_objects));
                 for address in &old.endpoint_addresses {
                     *hairpin_delta.entry(*address).or_insert(0) -= 1;
                 }
                 for address in new.iter().flat_map(|n| &n.endpoint_addresses) {
                     *hairpin_delta.entry(*address).or_insert(0) += 1;
                 }
-                rendered.push((key.clone(), new));
+                rendered.push((key.clone(), new.as_ref().map(Written::of)));
             }
             let mut new_refs: Vec<(IpAddr, usize)> = Vec::new();
             for (address, delta) in hairpin_delta {
@@ -439,8 +478,8 @@ impl<N: Nftables + Send + std::fmt::Debug> Dataplane for NftablesBackend<N> {
 
     fn render(&self, plan: &NodePlan) -> Result<String, DataplaneError> {
         let mut text = String::new();
-        for (transaction, _) in render_full_with_objects(plan, &self.families, self.counting) {
-            text.push_str(&svcplane_nft::render(&transaction)?);
+        for &family in &self.families {
+            text.push_str(&svcplane_nft::render(&render_family(plan, family, self.counting).0)?);
         }
         Ok(text)
     }
