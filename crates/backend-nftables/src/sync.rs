@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ipnet::IpNet;
 use svcplane_core::{Dataplane, DataplaneError, IpFamily, NodePlan, PlanDiff, PlanKey, SyncReport as CoreSyncReport};
 use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, Set, Transaction};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::render::{PortObjects, base_operations, hairpin_element, render_port_counting, table_name};
 
@@ -142,13 +142,19 @@ fn render_family(plan: &NodePlan, family: IpFamily, counting: bool) -> (Transact
 /// Orders a from-scratch list of operations so that it also replaces whatever the table
 /// holds: the table, then every set and chain (added if missing), then flushes of the sets
 /// with static content and of every chain, then the rules and elements.
-fn replacing_in_place(operations: Vec<Operation>) -> Vec<Operation> {
+///
+/// The rules and elements (most of the list) stay where they are: the few declarations and
+/// flushes are moved in front of them in place, so a full sync never holds the whole list
+/// twice.
+fn replacing_in_place(mut operations: Vec<Operation>) -> Vec<Operation> {
     let mut table = Vec::new();
     let mut sets = Vec::new();
     let mut chains = Vec::new();
     let mut flushes = Vec::new();
-    let mut contents = Vec::new();
-    for operation in operations {
+    let declarations = operations.extract_if(.., |operation| {
+        matches!(operation, Operation::AddTable { .. } | Operation::AddSet(_) | Operation::AddChain(_))
+    });
+    for operation in declarations {
         match operation {
             Operation::AddTable { .. } => table.push(operation),
             Operation::AddSet(ref set) => {
@@ -162,10 +168,11 @@ fn replacing_in_place(operations: Vec<Operation>) -> Vec<Operation> {
                 flushes.push(Operation::FlushChain(chain.name.clone()));
                 chains.push(operation);
             }
-            other => contents.push(other),
+            _ => unreachable!("extract_if takes only declarations"),
         }
     }
-    table.into_iter().chain(sets).chain(chains).chain(flushes).chain(contents).collect()
+    operations.splice(0..0, table.into_iter().chain(sets).chain(chains).chain(flushes));
+    operations
 }
 
 fn add_chains(operations: &mut Vec<Operation>, chains: Vec<(String, Vec<Rule>)>) {
@@ -350,8 +357,10 @@ impl<N: Nftables> NftablesBackend<N> {
     }
 
     fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, SyncError> {
+        let started = Instant::now();
         let mut rendered: Vec<(Transaction, Vec<(PlanKey, Written)>)> =
             self.families.iter().map(|&family| render_family(plan, family, self.counting)).collect();
+        let render_time = started.elapsed();
         if self.replace_table {
             for (transaction, _) in &mut rendered {
                 transaction.operations.splice(0..0, [Operation::AddTable { comment: None }, Operation::DeleteTable]);
@@ -366,6 +375,7 @@ impl<N: Nftables> NftablesBackend<N> {
             }
         }
         self.replace_table = false;
+        debug!(?render_time, apply_time = ?(started.elapsed() - render_time), operations, "full sync");
         self.written.clear();
         self.hairpin_refs.clear();
         for (transaction, ports) in rendered {
