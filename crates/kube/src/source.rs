@@ -589,6 +589,61 @@ mod tests {
     }
 
     #[test]
+    fn what_is_kept_of_an_object_leaves_its_managed_fields_behind() {
+        let mut object = service("web", "1");
+        object.metadata.managed_fields = Some(vec![Default::default()]);
+        let kept = (Keep::objects().service)(object);
+        assert_eq!(kept.metadata.managed_fields, None);
+        assert_eq!(kept.metadata.name.as_deref(), Some("web"));
+    }
+
+    static KEPT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    #[test]
+    fn each_object_is_kept_as_it_arrives_and_a_relist_keeps_only_what_changed() {
+        let counting = Keep {
+            service: |object: Service| {
+                KEPT.fetch_add(1, Ordering::SeqCst);
+                object.metadata.name.unwrap_or_default()
+            },
+            slice: |_: EndpointSlice| (),
+            node: |_: Node| (),
+        };
+        let mut state = WatchState::new(false, counting);
+        state.handle(Incoming::Service(Ok(Event::Init)));
+        state.handle(Incoming::Service(Ok(Event::InitApply(service("web", "1")))));
+        assert_eq!(KEPT.load(Ordering::SeqCst), 1, "kept while the list is still coming");
+        state.handle(Incoming::Service(Ok(Event::InitApply(service("api", "2")))));
+        state.handle(Incoming::Service(Ok(Event::InitDone)));
+        for event in list(Vec::new()) {
+            state.handle(Incoming::Slice(event));
+        }
+        let batch = state.take_batch().expect("the initial batch");
+        let kept: Vec<_> = batch
+            .changes
+            .iter()
+            .filter_map(|change| match change {
+                ObjectChange::Service(_, kept) => kept.clone(),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kept, ["api", "web"]);
+        // A relist with one object unchanged converts only the changed one.
+        for event in list(vec![service("web", "1"), service("api", "3")]) {
+            state.handle(Incoming::Service(event));
+        }
+        assert_eq!(KEPT.load(Ordering::SeqCst), 3);
+        let batch = state.take_batch().expect("the relist's change");
+        assert_eq!(
+            batch.changes,
+            [ObjectChange::Service(
+                ObjectKey { namespace: "default".into(), name: "api".into() },
+                Some("api".to_owned())
+            )]
+        );
+    }
+
+    #[test]
     fn the_proxy_waits_for_its_node_too() {
         let mut state = WatchState::new(true, Keep::objects());
         for event in list(Vec::new()) {
