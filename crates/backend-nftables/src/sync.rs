@@ -114,19 +114,15 @@ const CANARY_CHAINS: [&str; 2] = ["services", "nat-prerouting"];
 /// the clients they remember. Chains and sets of Services that are gone stay behind empty
 /// and unreferenced until the table is deleted (`svcplane cleanup`).
 pub fn render_full(plan: &NodePlan, families: &[IpFamily]) -> Vec<Transaction> {
-    families.iter().map(|&family| render_family(plan, family, true).0).collect()
+    families.iter().map(|&family| render_family(plan, family, true)).collect()
 }
 
-/// One family's full transaction, with the record of each service port (the rules move
-/// into the transaction; only their digests stay in the record).
-fn render_family(plan: &NodePlan, family: IpFamily, counting: bool) -> (Transaction, Vec<(PlanKey, Written)>) {
+/// One family's full transaction.
+fn render_family(plan: &NodePlan, family: IpFamily, counting: bool) -> Transaction {
     let mut operations = base_operations(family, plan);
     let mut hairpin: HashSet<IpAddr> = HashSet::new();
-    let mut written = Vec::new();
-    for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
-        let objects = render_port_counting(port_plan, counting);
-        written.push((key.clone(), Written::of(&objects)));
-        let PortObjects { chains, elements, endpoint_addresses, sets } = objects;
+    for port_plan in plan.service_ports.iter().filter(|(key, _)| key.family == family).map(|(_, port)| port) {
+        let PortObjects { chains, elements, endpoint_addresses, sets } = render_port_counting(port_plan, counting);
         operations.extend(sets.into_iter().map(Operation::AddSet));
         add_chains(&mut operations, chains);
         operations.extend(elements.into_iter().map(Operation::AddElement));
@@ -136,7 +132,7 @@ fn render_family(plan: &NodePlan, family: IpFamily, counting: bool) -> (Transact
             }
         }
     }
-    (Transaction { table: table_name(family), operations: replacing_in_place(operations) }, written)
+    Transaction { table: table_name(family), operations: replacing_in_place(operations) }
 }
 
 /// Orders a from-scratch list of operations so that it also replaces whatever the table
@@ -358,16 +354,16 @@ impl<N: Nftables> NftablesBackend<N> {
 
     fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, SyncError> {
         let started = Instant::now();
-        let mut rendered: Vec<(Transaction, Vec<(PlanKey, Written)>)> =
+        let mut rendered: Vec<Transaction> =
             self.families.iter().map(|&family| render_family(plan, family, self.counting)).collect();
         let render_time = started.elapsed();
         if self.replace_table {
-            for (transaction, _) in &mut rendered {
+            for transaction in &mut rendered {
                 transaction.operations.splice(0..0, [Operation::AddTable { comment: None }, Operation::DeleteTable]);
             }
         }
         let mut operations = 0;
-        for ((transaction, _), &family) in rendered.iter().zip(&self.families) {
+        for (transaction, &family) in rendered.iter().zip(&self.families) {
             operations += transaction.operations.len();
             if let Err(source) = self.nft.apply(transaction) {
                 self.replace_table = true;
@@ -378,15 +374,17 @@ impl<N: Nftables> NftablesBackend<N> {
         debug!(?render_time, apply_time = ?(started.elapsed() - render_time), operations, "full sync");
         self.written.clear();
         self.hairpin_refs.clear();
-        for (transaction, ports) in rendered {
-            // The rules are in the kernel now; only the record stays.
-            drop(transaction);
-            for (key, objects) in ports {
-                for address in &objects.endpoint_addresses {
-                    *self.hairpin_refs.entry((key.family, *address)).or_insert(0) += 1;
-                }
-                self.written.insert(key, objects);
+        // The rules are in the kernel: the transaction goes before the record is made. Each
+        // port is rendered once more for it, one at a time, so the record's small
+        // allocations are not spread among the transaction's (which would keep most of
+        // that memory in the process after it is freed).
+        drop(rendered);
+        for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| self.families.contains(&key.family)) {
+            let objects = Written::of(&render_port_counting(port_plan, self.counting));
+            for address in &objects.endpoint_addresses {
+                *self.hairpin_refs.entry((key.family, *address)).or_insert(0) += 1;
             }
+            self.written.insert(key.clone(), objects);
         }
         self.written_node_port_cidrs = Some(plan.node_port_cidrs.clone());
         self.needs_full_sync = false;
@@ -489,7 +487,7 @@ impl<N: Nftables + Send + std::fmt::Debug> Dataplane for NftablesBackend<N> {
     fn render(&self, plan: &NodePlan) -> Result<String, DataplaneError> {
         let mut text = String::new();
         for &family in &self.families {
-            text.push_str(&svcplane_nft::render(&render_family(plan, family, self.counting).0)?);
+            text.push_str(&svcplane_nft::render(&render_family(plan, family, self.counting))?);
         }
         Ok(text)
     }
