@@ -9,6 +9,7 @@ mod explain;
 mod faults;
 mod feeds;
 mod lab;
+mod memory;
 mod modes;
 mod ops;
 mod proxy;

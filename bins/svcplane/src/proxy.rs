@@ -90,7 +90,8 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
     let mut sync = SyncLoop::new(config, dataplane, settings)
         .with_hook(Box::new(HealthServers::default()))
         .with_hook(Box::new(ops.feed))
-        .with_hook(Box::new(ops.status));
+        .with_hook(Box::new(ops.status))
+        .with_hook(Box::new(crate::memory::ReturnFreedMemory));
     if modes::uses_kernel_conntrack(args.mode) {
         sync = sync.with_hook(Box::new(StaleUdpCleanup::default()));
     }

@@ -4,13 +4,14 @@
 //! written (the kernel is never read back on the sync path).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use svcplane_core::{Dataplane, DataplaneError, IpFamily, NodePlan, PlanDiff, PlanKey, SyncReport as CoreSyncReport};
-use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, TableName, Transaction};
-use tracing::warn;
+use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, Set, TableName, Transaction};
+use tracing::{debug, warn};
 
 use crate::render::{
     MAX_TABLES, PortObjects, base_operations, hairpin_element, render_port_counting, table_index, tables_for,
@@ -44,7 +45,7 @@ pub struct SyncReport {
 pub struct NftablesBackend<N> {
     nft: N,
     families: Vec<IpFamily>,
-    written: HashMap<PlanKey, PortObjects>,
+    written: HashMap<PlanKey, Written>,
     /// How many service ports of each table use an endpoint address for hairpin.
     hairpin_refs: HashMap<(TableKey, IpAddr), usize>,
     /// How many tables each family's service ports are spread over (see
@@ -63,6 +64,46 @@ pub struct NftablesBackend<N> {
     last_drift_check: Option<Instant>,
     /// Per-endpoint `counter` statements in the DNAT rules (on by default).
     counting: bool,
+}
+
+/// What the record keeps of the objects one service port was written with: enough for the
+/// next partial sync's difference, not the rules themselves (at 10k Services those were
+/// most of the proxy's memory): a chain's rules are stood for by a 128-bit digest, so a
+/// chain is rewritten when the digest of its new rules differs.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Written {
+    chains: Vec<(String, RulesDigest)>,
+    elements: Vec<Element>,
+    endpoint_addresses: Vec<IpAddr>,
+    sets: Vec<Set>,
+}
+
+/// Two SipHash digests (fixed keys, different prefixes) of a chain's rule list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RulesDigest(u64, u64);
+
+impl RulesDigest {
+    fn of(rules: &[Rule]) -> Self {
+        let digest = |prefix: u8| {
+            let mut hasher = DefaultHasher::new();
+            prefix.hash(&mut hasher);
+            rules.hash(&mut hasher);
+            hasher.finish()
+        };
+        Self(digest(0), digest(1))
+    }
+}
+
+impl Written {
+    /// The record of `objects`; the rules stay in `objects`.
+    fn of(objects: &PortObjects) -> Self {
+        Self {
+            chains: objects.chains.iter().map(|(name, rules)| (name.clone(), RulesDigest::of(rules))).collect(),
+            elements: objects.elements.clone(),
+            endpoint_addresses: objects.endpoint_addresses.clone(),
+            sets: objects.sets.clone(),
+        }
+    }
 }
 
 /// One table: a family and an index among its tables.
@@ -89,7 +130,7 @@ const CANARY_CHAINS: [&str; 2] = ["services", "nat-prerouting"];
 ///
 /// The plan's size decides how many tables each family uses ([`crate::render::tables_for`]).
 pub fn render_full(plan: &NodePlan, families: &[IpFamily]) -> Vec<Transaction> {
-    render_full_with_objects(plan, families, true, tables_for(largest_family(plan, families)))
+    render_tables(plan, families, true, tables_for(largest_family(plan, families)))
         .into_iter()
         .map(|table| table.transaction)
         .collect()
@@ -104,48 +145,39 @@ fn largest_family(plan: &NodePlan, families: &[IpFamily]) -> usize {
         .unwrap_or(0)
 }
 
-/// One table of a full sync: its transaction and the service ports rendered into it.
+/// One table of a full sync: which it is and its transaction.
 struct RenderedTable {
     family: IpFamily,
     index: usize,
     transaction: Transaction,
-    ports: Vec<(PlanKey, PortObjects)>,
 }
 
-/// [`render_full`] over `tables` tables per family, with each table's service ports
-/// rendered (once) beside its transaction, for the record a full sync keeps.
-fn render_full_with_objects(
-    plan: &NodePlan,
-    families: &[IpFamily],
-    counting: bool,
-    tables: usize,
-) -> Vec<RenderedTable> {
+/// [`render_full`] over `tables` tables per family (the rules move into the transactions;
+/// the record of what was written is made after they are applied).
+fn render_tables(plan: &NodePlan, families: &[IpFamily], counting: bool, tables: usize) -> Vec<RenderedTable> {
     let mut out = Vec::with_capacity(families.len() * tables);
     for &family in families {
-        // Per table: its operations, the hairpin addresses already added, its ports.
-        type Building = (Vec<Operation>, HashSet<IpAddr>, Vec<(PlanKey, PortObjects)>);
-        let mut per_table: Vec<Building> =
-            (0..tables).map(|_| (base_operations(family, plan), HashSet::new(), Vec::new())).collect();
+        // Per table: its operations and the hairpin addresses already added.
+        let mut per_table: Vec<(Vec<Operation>, HashSet<IpAddr>)> =
+            (0..tables).map(|_| (base_operations(family, plan), HashSet::new())).collect();
         for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
-            let (operations, hairpin, rendered) = &mut per_table[table_index(&key.name, tables)];
-            let objects = render_port_counting(port_plan, counting);
-            operations.extend(objects.sets.iter().cloned().map(Operation::AddSet));
-            add_chains(operations, &objects.chains);
-            operations.extend(objects.elements.iter().cloned().map(Operation::AddElement));
-            for &address in &objects.endpoint_addresses {
+            let (operations, hairpin) = &mut per_table[table_index(&key.name, tables)];
+            let PortObjects { chains, elements, endpoint_addresses, sets } = render_port_counting(port_plan, counting);
+            operations.extend(sets.into_iter().map(Operation::AddSet));
+            add_chains(operations, chains);
+            operations.extend(elements.into_iter().map(Operation::AddElement));
+            for address in endpoint_addresses {
                 if hairpin.insert(address) {
                     operations.push(Operation::AddElement(hairpin_element(address)));
                 }
             }
-            rendered.push((key.clone(), objects));
         }
-        for (index, (operations, _, rendered)) in per_table.into_iter().enumerate() {
+        for (index, (operations, _)) in per_table.into_iter().enumerate() {
             let table = tables_table_name(family, index);
             out.push(RenderedTable {
                 family,
                 index,
                 transaction: Transaction { table, operations: replacing_in_place(operations) },
-                ports: rendered,
             });
         }
     }
@@ -155,13 +187,19 @@ fn render_full_with_objects(
 /// Orders a from-scratch list of operations so that it also replaces whatever the table
 /// holds: the table, then every set and chain (added if missing), then flushes of the sets
 /// with static content and of every chain, then the rules and elements.
-fn replacing_in_place(operations: Vec<Operation>) -> Vec<Operation> {
+///
+/// The rules and elements (most of the list) stay where they are: the few declarations and
+/// flushes are moved in front of them in place, so a full sync never holds the whole list
+/// twice.
+fn replacing_in_place(mut operations: Vec<Operation>) -> Vec<Operation> {
     let mut table = Vec::new();
     let mut sets = Vec::new();
     let mut chains = Vec::new();
     let mut flushes = Vec::new();
-    let mut contents = Vec::new();
-    for operation in operations {
+    let declarations = operations.extract_if(.., |operation| {
+        matches!(operation, Operation::AddTable { .. } | Operation::AddSet(_) | Operation::AddChain(_))
+    });
+    for operation in declarations {
         match operation {
             Operation::AddTable { .. } => table.push(operation),
             Operation::AddSet(ref set) => {
@@ -175,19 +213,20 @@ fn replacing_in_place(operations: Vec<Operation>) -> Vec<Operation> {
                 flushes.push(Operation::FlushChain(chain.name.clone()));
                 chains.push(operation);
             }
-            other => contents.push(other),
+            _ => unreachable!("extract_if takes only declarations"),
         }
     }
-    table.into_iter().chain(sets).chain(chains).chain(flushes).chain(contents).collect()
+    operations.splice(0..0, table.into_iter().chain(sets).chain(chains).chain(flushes));
+    operations
 }
 
-fn add_chains(operations: &mut Vec<Operation>, chains: &[(String, Vec<Rule>)]) {
+fn add_chains(operations: &mut Vec<Operation>, chains: Vec<(String, Vec<Rule>)>) {
     // All chains first: rules may jump to chains created later in the list.
-    for (name, _) in chains {
+    for (name, _) in &chains {
         operations.push(Operation::AddChain(svcplane_nft::Chain { name: name.clone(), base: None, comment: None }));
     }
     for (_, rules) in chains {
-        operations.extend(rules.iter().cloned().map(Operation::AddRule));
+        operations.extend(rules.into_iter().map(Operation::AddRule));
     }
 }
 
@@ -207,7 +246,7 @@ struct Phases {
 }
 
 impl Phases {
-    fn diff(&mut self, old: &PortObjects, new: &PortObjects) {
+    fn diff(&mut self, old: &Written, new: &PortObjects) {
         // Adding a set that exists with other settings (a new affinity timeout) updates it.
         for set in &new.sets {
             if !old.sets.contains(set) {
@@ -219,7 +258,7 @@ impl Phases {
                 self.delete_sets.push(Operation::DeleteSet(set.name.clone()));
             }
         }
-        let old_chains: HashMap<&str, &Vec<Rule>> = old.chains.iter().map(|(n, r)| (n.as_str(), r)).collect();
+        let old_chains: HashMap<&str, RulesDigest> = old.chains.iter().map(|(n, d)| (n.as_str(), *d)).collect();
         let new_chain_names: HashSet<&str> = new.chains.iter().map(|(n, _)| n.as_str()).collect();
         for (name, rules) in &new.chains {
             match old_chains.get(name.as_str()) {
@@ -231,7 +270,7 @@ impl Phases {
                     }));
                     self.rules.extend(rules.iter().cloned().map(Operation::AddRule));
                 }
-                Some(old_rules) if *old_rules != rules => {
+                Some(old_digest) if *old_digest != RulesDigest::of(rules) => {
                     self.rules.push(Operation::FlushChain(name.clone()));
                     self.rules.extend(rules.iter().cloned().map(Operation::AddRule));
                 }
@@ -407,7 +446,9 @@ impl<N: Nftables> NftablesBackend<N> {
         // while running); it looks before writing, since the `nft` CLI lists every table's
         // contents to name them, and its own would make that costly.
         let unused = if self.tables == 0 { self.tables_beyond(tables) } else { Vec::new() };
-        let mut rendered = render_full_with_objects(plan, &self.families, self.counting, tables);
+        let started = Instant::now();
+        let mut rendered = render_tables(plan, &self.families, self.counting, tables);
+        let render_time = started.elapsed();
         if self.tables != 0 && tables != self.tables {
             self.remove_moved_objects(&mut rendered, tables);
         }
@@ -440,14 +481,21 @@ impl<N: Nftables> NftablesBackend<N> {
         }
         self.tables = tables;
         self.replace_table = false;
+        debug!(?render_time, apply_time = ?(started.elapsed() - render_time), operations, tables, "full sync");
         self.written.clear();
         self.hairpin_refs.clear();
-        for (key, objects) in rendered.into_iter().flat_map(|table| table.ports) {
+        // The rules are in the kernel: the transactions go before the record is made. Each
+        // port is rendered once more for it, one at a time, so the record's small
+        // allocations are not spread among the transactions' (which would keep most of
+        // that memory in the process after it is freed).
+        drop(rendered);
+        for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| self.families.contains(&key.family)) {
+            let objects = Written::of(&render_port_counting(port_plan, self.counting));
             let table = (key.family, table_index(&key.name, tables));
             for address in &objects.endpoint_addresses {
                 *self.hairpin_refs.entry((table, *address)).or_insert(0) += 1;
             }
-            self.written.insert(key, objects);
+            self.written.insert(key.clone(), objects);
         }
         self.written_node_port_cidrs = Some(plan.node_port_cidrs.clone());
         self.needs_full_sync = false;
@@ -455,7 +503,8 @@ impl<N: Nftables> NftablesBackend<N> {
     }
 
     fn partial_sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> Result<SyncReport, SyncError> {
-        let empty = PortObjects::default();
+        let empty = Written::default();
+        let empty_objects = PortObjects::default();
         let mut report = SyncReport::default();
         // One transaction per table the changed ports live in, in a fixed order.
         let mut by_table: BTreeMap<TableKey, Vec<&PlanKey>> = BTreeMap::new();
@@ -464,19 +513,19 @@ impl<N: Nftables> NftablesBackend<N> {
         }
         for (table, keys) in by_table {
             let mut phases = Phases::default();
-            let mut rendered: Vec<(PlanKey, Option<PortObjects>)> = Vec::new();
+            let mut rendered: Vec<(PlanKey, Option<Written>)> = Vec::new();
             let mut hairpin_delta: HashMap<IpAddr, isize> = HashMap::new();
             for key in keys {
                 let new = plan.service_ports.get(key).map(|port| render_port_counting(port, self.counting));
                 let old = self.written.get(key).unwrap_or(&empty);
-                phases.diff(old, new.as_ref().unwrap_or(&empty));
+                phases.diff(old, new.as_ref().unwrap_or(&empty_objects));
                 for address in &old.endpoint_addresses {
                     *hairpin_delta.entry(*address).or_insert(0) -= 1;
                 }
                 for address in new.iter().flat_map(|n| &n.endpoint_addresses) {
                     *hairpin_delta.entry(*address).or_insert(0) += 1;
                 }
-                rendered.push((key.clone(), new));
+                rendered.push((key.clone(), new.as_ref().map(Written::of)));
             }
             let mut new_refs: Vec<(IpAddr, usize)> = Vec::new();
             for (address, delta) in hairpin_delta {
@@ -619,7 +668,7 @@ impl<N: Nftables + Send + std::fmt::Debug> Dataplane for NftablesBackend<N> {
     fn render(&self, plan: &NodePlan) -> Result<String, DataplaneError> {
         let mut text = String::new();
         let tables = self.fixed_tables.unwrap_or_else(|| self.wanted_tables(plan).max(self.tables));
-        for RenderedTable { transaction, .. } in render_full_with_objects(plan, &self.families, self.counting, tables) {
+        for RenderedTable { transaction, .. } in render_tables(plan, &self.families, self.counting, tables) {
             text.push_str(&svcplane_nft::render(&transaction)?);
         }
         Ok(text)

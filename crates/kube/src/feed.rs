@@ -10,7 +10,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use svcplane_core::discovery::ClusterView;
-use svcplane_core::model::NamespacedName;
+use svcplane_core::model::{EndpointSlice, NamespacedName, Node, Service};
 use svcplane_core::state::Change;
 use svcplane_source::{FieldError, Origins, dns_view, node_to_core, service_to_core, slice_to_core};
 use tracing::warn;
@@ -18,7 +18,23 @@ use tracing::warn;
 use crate::ClusterAccess;
 use crate::error::KubeError;
 use crate::mirror::ObjectMirror;
-use crate::source::{Batch, ObjectChange, WatchOptions, spawn_watch};
+use crate::source::{Batch, Keep, ObjectChange, WatchOptions, spawn_watch};
+
+/// What the proxy keeps of an object: its conversion to the core's model (`Ok(None)`:
+/// nothing the proxy handles), done as the object arrives.
+type Converted<T> = Result<Option<T>, Vec<FieldError>>;
+
+/// The batches the proxy's watch hands on: converted objects, never API objects.
+pub type ProxyBatch = Batch<Converted<Service>, Converted<EndpointSlice>, Node>;
+
+/// Converts each object the moment the watch receives it; the API object is dropped then.
+fn proxy_keep() -> Keep<Converted<Service>, Converted<EndpointSlice>, Node> {
+    Keep {
+        service: |object| service_to_core(&object),
+        slice: |object| slice_to_core(&object),
+        node: |object| node_to_core(&object),
+    }
+}
 
 /// The kinds of objects whose conversion can fail.
 #[derive(Debug, Clone, Copy)]
@@ -47,22 +63,20 @@ pub struct ApiConversion {
 }
 
 impl ApiConversion {
-    pub fn convert(&mut self, batch: Batch) -> Vec<Change> {
+    pub fn convert(&mut self, batch: ProxyBatch) -> Vec<Change> {
         let mut out = Vec::with_capacity(batch.changes.len());
         for change in batch.changes {
             match change {
-                ObjectChange::Node(_, Some(node)) => out.push(Change::NodeUpserted(node_to_core(&node))),
+                ObjectChange::Node(_, Some(node)) => out.push(Change::NodeUpserted(node)),
                 ObjectChange::Node(name, None) => out.push(Change::NodeDeleted(name)),
-                ObjectChange::Service(key, object) => {
+                ObjectChange::Service(key, converted) => {
                     let name = NamespacedName::new(key.namespace, key.name);
-                    let converted = object.map(|service| service_to_core(&service));
                     let change =
                         self.track(Kind::Service, name, converted, Change::ServiceUpserted, Change::ServiceDeleted);
                     out.extend(change);
                 }
-                ObjectChange::Slice(key, object) => {
+                ObjectChange::Slice(key, converted) => {
                     let name = NamespacedName::new(key.namespace, key.name);
-                    let converted = object.map(|slice| slice_to_core(&slice));
                     let change = self.track(Kind::Slice, name, converted, Change::SliceUpserted, Change::SliceDeleted);
                     out.extend(change);
                 }
@@ -128,8 +142,8 @@ pub fn spawn_change_feed(
     sender: Sender<Vec<Change>>,
     stop: Arc<AtomicBool>,
 ) -> Result<JoinHandle<()>, KubeError> {
-    let (batches, received) = mpsc::channel::<Batch>();
-    let watch = spawn_watch(access, WatchOptions::for_proxy(node), batches, Arc::clone(&stop))?;
+    let (batches, received) = mpsc::channel::<ProxyBatch>();
+    let watch = spawn_watch(access, WatchOptions::for_proxy(node), proxy_keep(), batches, Arc::clone(&stop))?;
     thread::Builder::new()
         .name("api-feed".to_owned())
         .spawn(move || {
@@ -148,8 +162,8 @@ pub fn spawn_change_feed(
 /// The complete initial state for the proxy on `node` (for `render`), then stops watching.
 pub fn initial_changes(access: &ClusterAccess, node: &str, timeout: Duration) -> Result<Vec<Change>, KubeError> {
     let stop = Arc::new(AtomicBool::new(false));
-    let (sender, receiver) = mpsc::channel::<Batch>();
-    let watch = spawn_watch(access, WatchOptions::for_proxy(node), sender, Arc::clone(&stop))?;
+    let (sender, receiver) = mpsc::channel::<ProxyBatch>();
+    let watch = spawn_watch(access, WatchOptions::for_proxy(node), proxy_keep(), sender, Arc::clone(&stop))?;
     let batch = receiver.recv_timeout(timeout);
     stop.store(true, Ordering::Release);
     drop(receiver);
@@ -166,7 +180,7 @@ pub fn spawn_discovery_feed(
     stop: Arc<AtomicBool>,
 ) -> Result<JoinHandle<()>, KubeError> {
     let (batches, received) = mpsc::channel::<Batch>();
-    let watch = spawn_watch(access, WatchOptions::for_dns(), batches, Arc::clone(&stop))?;
+    let watch = spawn_watch(access, WatchOptions::for_dns(), Keep::objects(), batches, Arc::clone(&stop))?;
     thread::Builder::new()
         .name("api-discovery".to_owned())
         .spawn(move || {
@@ -197,22 +211,20 @@ pub fn spawn_discovery_feed(
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::Service;
     use svcplane_controller::ObjectKey;
 
     use super::*;
 
-    fn service(cluster_ip: &str) -> Box<Service> {
-        Box::new(
-            serde_json::from_value(serde_json::json!({
-                "metadata": {"name": "web", "namespace": "shop"},
-                "spec": {"clusterIP": cluster_ip, "clusterIPs": [cluster_ip], "ports": [{"port": 80}]},
-            }))
-            .unwrap(),
-        )
+    fn service(cluster_ip: &str) -> Converted<Service> {
+        let object: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"clusterIP": cluster_ip, "clusterIPs": [cluster_ip], "ports": [{"port": 80}]},
+        }))
+        .unwrap();
+        (proxy_keep().service)(object)
     }
 
-    fn batch(change: ObjectChange) -> Batch {
+    fn batch(change: ObjectChange<Converted<Service>, Converted<EndpointSlice>, Node>) -> ProxyBatch {
         Batch { initial: false, changes: vec![change] }
     }
 

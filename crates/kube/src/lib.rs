@@ -2,8 +2,10 @@
 //!
 //! - [`ClusterAccess`]: a kubeconfig file or the in-cluster config of a Pod.
 //! - [`spawn_watch`]: kube-rs watchers over Services, EndpointSlices and the proxy's own
-//!   Node, handing on [`Batch`]es of the same k8s-openapi objects the manifests source
-//!   produces.
+//!   Node, handing on [`Batch`]es of what a [`Keep`] keeps of each object as it arrives:
+//!   the same k8s-openapi objects the manifests source produces (less `managedFields`), or
+//!   for the proxy their conversion to the core's model, so no list of API objects is ever
+//!   held.
 //! - [`feed`]: the API as a feed, converted with `svcplane-source` exactly as in manifests
 //!   mode: changes of the core's model for the proxy, discovery views for cluster DNS. Nothing leaves before every initial list is complete; restarts of the API server
 //!   and expired watches end in a relist whose difference is what is passed on (no
@@ -43,6 +45,6 @@ mod source;
 
 pub use access::ClusterAccess;
 pub use error::KubeError;
-pub use feed::{ApiConversion, initial_changes, spawn_change_feed, spawn_discovery_feed};
+pub use feed::{ApiConversion, ProxyBatch, initial_changes, spawn_change_feed, spawn_discovery_feed};
 pub use mirror::ObjectMirror;
-pub use source::{Batch, HEADLESS_LABEL, ObjectChange, SERVICE_PROXY_NAME_LABEL, WatchOptions, spawn_watch};
+pub use source::{Batch, HEADLESS_LABEL, Keep, ObjectChange, SERVICE_PROXY_NAME_LABEL, WatchOptions, spawn_watch};

@@ -15,7 +15,7 @@
 //! (`initial: true`) is the complete state, so a consumer never programs a partial view.
 //! After that a batch leaves as soon as no further event is immediately ready.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Debug;
 use std::pin::pin;
 use std::sync::Arc;
@@ -74,32 +74,77 @@ impl WatchOptions {
     }
 }
 
-/// One object's new state: the object, or `None` once deleted.
+/// One object's new state: what the watch kept of it, or `None` once deleted. By default
+/// (see [`Keep::objects`]) that is the object itself without its `managedFields`.
 #[derive(Debug, Clone, PartialEq)]
-pub enum ObjectChange {
-    Service(ObjectKey, Option<Box<Service>>),
-    Slice(ObjectKey, Option<Box<EndpointSlice>>),
-    Node(String, Option<Box<Node>>),
+pub enum ObjectChange<S = Box<Service>, E = Box<EndpointSlice>, N = Box<Node>> {
+    Service(ObjectKey, Option<S>),
+    Slice(ObjectKey, Option<E>),
+    Node(String, Option<N>),
 }
 
 /// Changes that left together. Nodes come first, then Services, then slices.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Batch {
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch<S = Box<Service>, E = Box<EndpointSlice>, N = Box<Node>> {
     /// The first batch: the complete state after every initial list.
     pub initial: bool,
-    pub changes: Vec<ObjectChange>,
+    pub changes: Vec<ObjectChange<S, E, N>>,
+}
+
+impl<S, E, N> Default for Batch<S, E, N> {
+    fn default() -> Self {
+        Self { initial: false, changes: Vec::new() }
+    }
+}
+
+/// What the watch keeps of each object, decided the moment the object arrives: the API
+/// object itself is dropped right after, so a consumer that needs only a compact form of
+/// it (the proxy: the core's model) never holds a whole list of API objects, not even
+/// while the initial lists are still being collected.
+#[derive(Debug, Clone, Copy)]
+pub struct Keep<S, E, N> {
+    pub service: fn(Service) -> S,
+    pub slice: fn(EndpointSlice) -> E,
+    pub node: fn(Node) -> N,
+}
+
+impl Keep<Box<Service>, Box<EndpointSlice>, Box<Node>> {
+    /// The objects themselves, less `metadata.managedFields` (often the largest part of
+    /// an object, and nothing svcplane reads).
+    pub fn objects() -> Self {
+        Self {
+            service: |mut object| {
+                object.metadata.managed_fields = None;
+                Box::new(object)
+            },
+            slice: |mut object| {
+                object.metadata.managed_fields = None;
+                Box::new(object)
+            },
+            node: |mut object| {
+                object.metadata.managed_fields = None;
+                Box::new(object)
+            },
+        }
+    }
 }
 
 /// Starts watching on a thread of its own (with its own single-threaded runtime), sending
 /// every batch to `sender` until `stop` is set or the receiver is gone. Fails when the
 /// client cannot be built (unreadable kubeconfig, not in a Pod); an unreachable API server
 /// is no failure: the watches retry until it answers.
-pub fn spawn_watch(
+pub fn spawn_watch<S, E, N>(
     access: &ClusterAccess,
     options: WatchOptions,
-    sender: Sender<Batch>,
+    keep: Keep<S, E, N>,
+    sender: Sender<Batch<S, E, N>>,
     stop: Arc<AtomicBool>,
-) -> Result<JoinHandle<()>, KubeError> {
+) -> Result<JoinHandle<()>, KubeError>
+where
+    S: Send + 'static,
+    E: Send + 'static,
+    N: Send + 'static,
+{
     let (ready, started) = mpsc::channel::<Result<(), KubeError>>();
     let access = access.clone();
     let handle = thread::Builder::new()
@@ -122,7 +167,7 @@ pub fn spawn_watch(
                 };
                 let _ = ready.send(Ok(()));
                 info!(%access, "watching the Kubernetes API");
-                watch(client, &options, &sender, &stop).await;
+                watch(client, &options, keep, &sender, &stop).await;
             });
         })
         .map_err(|source| KubeError::StartRuntime { source })?;
@@ -188,7 +233,13 @@ where
     watcher::watcher(api, config).backoff(WatchBackoff::new()).map(wrap).boxed()
 }
 
-async fn watch(client: Client, options: &WatchOptions, sender: &Sender<Batch>, stop: &AtomicBool) {
+async fn watch<S, E, N>(
+    client: Client,
+    options: &WatchOptions,
+    keep: Keep<S, E, N>,
+    sender: &Sender<Batch<S, E, N>>,
+    stop: &AtomicBool,
+) {
     let mut streams: SelectAll<BoxStream<'static, Incoming>> = SelectAll::new();
     let mut proxy_labels = watcher::Config::default();
     if options.proxy_filters {
@@ -200,7 +251,7 @@ async fn watch(client: Client, options: &WatchOptions, sender: &Sender<Batch>, s
         slice_labels = slice_labels.labels(&format!("!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}"));
     }
     streams.push(stream_of(Api::<EndpointSlice>::all(client.clone()), slice_labels, Incoming::Slice));
-    let mut state = WatchState::new(options.node_name.is_some());
+    let mut state = WatchState::new(options.node_name.is_some(), keep);
     if let Some(node) = &options.node_name {
         let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
         streams.push(stream_of(Api::<Node>::all(client), config, Incoming::Node));
@@ -233,27 +284,45 @@ async fn watch(client: Client, options: &WatchOptions, sender: &Sender<Batch>, s
     }
 }
 
-/// What one kind of object has passed on, and a relist in progress.
-#[derive(Debug)]
-struct Tracker<K> {
+/// What one kind of object has passed on, and a relist in progress. `V` is what the
+/// watch keeps of an object of kind `K` ([`Keep`]).
+struct Tracker<K, V> {
     kind: &'static str,
+    keep: fn(K) -> V,
     /// resourceVersion of every object passed on (or about to be, in `pending`).
     known: HashMap<ObjectKey, String>,
-    /// Objects of a relist in progress.
-    relist: Option<HashMap<ObjectKey, K>>,
+    /// A relist in progress: every object listed so far, and what was kept of those that
+    /// are new or changed (with their resourceVersion).
+    relist: Option<Relist<V>>,
     /// Changes not yet sent; `None` = deleted.
-    pending: BTreeMap<ObjectKey, Option<K>>,
+    pending: BTreeMap<ObjectKey, Option<V>>,
     lists: u32,
     last_error: Option<(String, Instant)>,
 }
 
-impl<K: Resource + Clone> Tracker<K> {
-    fn new(kind: &'static str) -> Self {
-        Self { kind, known: HashMap::new(), relist: None, pending: BTreeMap::new(), lists: 0, last_error: None }
+struct Relist<V> {
+    listed: HashSet<ObjectKey>,
+    changed: Vec<(ObjectKey, String, V)>,
+}
+
+impl<V> Default for Relist<V> {
+    fn default() -> Self {
+        Self { listed: HashSet::new(), changed: Vec::new() }
+    }
+}
+
+impl<K: Resource, V> Tracker<K, V> {
+    fn new(kind: &'static str, keep: fn(K) -> V) -> Self {
+        Self { kind, keep, known: HashMap::new(), relist: None, pending: BTreeMap::new(), lists: 0, last_error: None }
     }
 
     fn is_synced(&self) -> bool {
         self.lists > 0
+    }
+
+    /// Whether this resourceVersion of the object was already passed on.
+    fn is_known(&self, key: &ObjectKey, version: &str) -> bool {
+        !version.is_empty() && self.known.get(key).is_some_and(|known| known == version)
     }
 
     fn handle(&mut self, incoming: Result<Event<K>, watcher::Error>) {
@@ -273,29 +342,40 @@ impl<K: Resource + Clone> Tracker<K> {
             }
         };
         match event {
-            Event::Apply(object) => self.apply(object),
+            Event::Apply(object) => {
+                let (key, version) = identity(&object);
+                if !self.is_known(&key, &version) {
+                    let kept = (self.keep)(object);
+                    self.apply(key, version, kept);
+                }
+            }
             Event::Delete(object) => {
                 let key = ObjectKey::of(object.meta());
                 if self.known.remove(&key).is_some() {
                     self.pending.insert(key, None);
                 }
             }
-            Event::Init => self.relist = Some(HashMap::new()),
+            Event::Init => self.relist = Some(Relist::default()),
             Event::InitApply(object) => {
-                let key = ObjectKey::of(object.meta());
-                self.relist.get_or_insert_with(HashMap::new).insert(key, object);
+                let (key, version) = identity(&object);
+                let known = self.is_known(&key, &version);
+                let relist = self.relist.get_or_insert_with(Relist::default);
+                relist.listed.insert(key.clone());
+                if !known {
+                    relist.changed.push((key, version, (self.keep)(object)));
+                }
             }
             Event::InitDone => {
-                let listed = self.relist.take().unwrap_or_default();
-                let gone: Vec<ObjectKey> =
-                    self.known.keys().filter(|key| !listed.contains_key(*key)).cloned().collect();
+                let Relist { listed, changed } = self.relist.take().unwrap_or_default();
+                let gone: Vec<ObjectKey> = self.known.keys().filter(|key| !listed.contains(*key)).cloned().collect();
                 let count = listed.len();
+                drop(listed);
                 for key in gone {
                     self.known.remove(&key);
                     self.pending.insert(key, None);
                 }
-                for object in listed.into_values() {
-                    self.apply(object);
+                for (key, version, kept) in changed {
+                    self.apply(key, version, kept);
                 }
                 self.lists += 1;
                 if self.lists > 1 {
@@ -308,32 +388,31 @@ impl<K: Resource + Clone> Tracker<K> {
         }
     }
 
-    fn apply(&mut self, object: K) {
-        let key = ObjectKey::of(object.meta());
-        let version = object.meta().resource_version.clone().unwrap_or_default();
-        if self.known.get(&key).is_some_and(|known| *known == version && !version.is_empty()) {
-            return;
-        }
+    fn apply(&mut self, key: ObjectKey, version: String, kept: V) {
         self.known.insert(key.clone(), version);
-        self.pending.insert(key, Some(object));
+        self.pending.insert(key, Some(kept));
     }
 }
 
-#[derive(Debug)]
-struct WatchState {
-    services: Tracker<Service>,
-    slices: Tracker<EndpointSlice>,
-    nodes: Option<Tracker<Node>>,
+fn identity<K: Resource>(object: &K) -> (ObjectKey, String) {
+    let meta = object.meta();
+    (ObjectKey::of(meta), meta.resource_version.clone().unwrap_or_default())
+}
+
+struct WatchState<S, E, N> {
+    services: Tracker<Service, S>,
+    slices: Tracker<EndpointSlice, E>,
+    nodes: Option<Tracker<Node, N>>,
     sent_initial: bool,
     started: Instant,
 }
 
-impl WatchState {
-    fn new(watch_node: bool) -> Self {
+impl<S, E, N> WatchState<S, E, N> {
+    fn new(watch_node: bool, keep: Keep<S, E, N>) -> Self {
         Self {
-            services: Tracker::new("Service"),
-            slices: Tracker::new("EndpointSlice"),
-            nodes: watch_node.then(|| Tracker::new("Node")),
+            services: Tracker::new("Service", keep.service),
+            slices: Tracker::new("EndpointSlice", keep.slice),
+            nodes: watch_node.then(|| Tracker::new("Node", keep.node)),
             sent_initial: false,
             started: Instant::now(),
         }
@@ -357,7 +436,7 @@ impl WatchState {
 
     /// The pending changes as a batch, once every kind has listed; `None` when there is
     /// nothing to send (yet).
-    fn take_batch(&mut self) -> Option<Batch> {
+    fn take_batch(&mut self) -> Option<Batch<S, E, N>> {
         if !self.is_synced() {
             return None;
         }
@@ -365,20 +444,16 @@ impl WatchState {
         let mut changes = Vec::new();
         if let Some(nodes) = &mut self.nodes {
             changes.extend(
-                std::mem::take(&mut nodes.pending)
-                    .into_iter()
-                    .map(|(key, node)| ObjectChange::Node(key.name, node.map(Box::new))),
+                std::mem::take(&mut nodes.pending).into_iter().map(|(key, node)| ObjectChange::Node(key.name, node)),
             );
         }
         changes.extend(
             std::mem::take(&mut self.services.pending)
                 .into_iter()
-                .map(|(key, service)| ObjectChange::Service(key, service.map(Box::new))),
+                .map(|(key, service)| ObjectChange::Service(key, service)),
         );
         changes.extend(
-            std::mem::take(&mut self.slices.pending)
-                .into_iter()
-                .map(|(key, slice)| ObjectChange::Slice(key, slice.map(Box::new))),
+            std::mem::take(&mut self.slices.pending).into_iter().map(|(key, slice)| ObjectChange::Slice(key, slice)),
         );
         if changes.is_empty() && !initial {
             return None;
@@ -446,7 +521,7 @@ mod tests {
 
     #[test]
     fn nothing_is_sent_before_every_kind_has_listed_and_then_everything_at_once() {
-        let mut state = WatchState::new(false);
+        let mut state = WatchState::new(false, Keep::objects());
         for event in list(vec![service("web", "1"), service("api", "2")]) {
             state.handle(Incoming::Service(event));
         }
@@ -462,7 +537,7 @@ mod tests {
 
     #[test]
     fn an_empty_cluster_still_sends_an_initial_batch() {
-        let mut state = WatchState::new(false);
+        let mut state = WatchState::new(false, Keep::objects());
         for event in list(Vec::new()) {
             state.handle(Incoming::Service(event));
         }
@@ -474,7 +549,7 @@ mod tests {
 
     #[test]
     fn a_relist_after_a_restart_reports_only_what_changed_meanwhile() {
-        let mut state = WatchState::new(false);
+        let mut state = WatchState::new(false, Keep::objects());
         for event in list(vec![service("kept", "1"), service("changed", "2"), service("deleted", "3")]) {
             state.handle(Incoming::Service(event));
         }
@@ -493,7 +568,7 @@ mod tests {
 
     #[test]
     fn an_event_seen_twice_is_passed_on_once_and_changes_to_one_object_collapse() {
-        let mut state = WatchState::new(false);
+        let mut state = WatchState::new(false, Keep::objects());
         for event in list(Vec::new()) {
             state.handle(Incoming::Service(event));
         }
@@ -514,8 +589,63 @@ mod tests {
     }
 
     #[test]
+    fn what_is_kept_of_an_object_leaves_its_managed_fields_behind() {
+        let mut object = service("web", "1");
+        object.metadata.managed_fields = Some(vec![Default::default()]);
+        let kept = (Keep::objects().service)(object);
+        assert_eq!(kept.metadata.managed_fields, None);
+        assert_eq!(kept.metadata.name.as_deref(), Some("web"));
+    }
+
+    static KEPT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    #[test]
+    fn each_object_is_kept_as_it_arrives_and_a_relist_keeps_only_what_changed() {
+        let counting = Keep {
+            service: |object: Service| {
+                KEPT.fetch_add(1, Ordering::SeqCst);
+                object.metadata.name.unwrap_or_default()
+            },
+            slice: |_: EndpointSlice| (),
+            node: |_: Node| (),
+        };
+        let mut state = WatchState::new(false, counting);
+        state.handle(Incoming::Service(Ok(Event::Init)));
+        state.handle(Incoming::Service(Ok(Event::InitApply(service("web", "1")))));
+        assert_eq!(KEPT.load(Ordering::SeqCst), 1, "kept while the list is still coming");
+        state.handle(Incoming::Service(Ok(Event::InitApply(service("api", "2")))));
+        state.handle(Incoming::Service(Ok(Event::InitDone)));
+        for event in list(Vec::new()) {
+            state.handle(Incoming::Slice(event));
+        }
+        let batch = state.take_batch().expect("the initial batch");
+        let kept: Vec<_> = batch
+            .changes
+            .iter()
+            .filter_map(|change| match change {
+                ObjectChange::Service(_, kept) => kept.clone(),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kept, ["api", "web"]);
+        // A relist with one object unchanged converts only the changed one.
+        for event in list(vec![service("web", "1"), service("api", "3")]) {
+            state.handle(Incoming::Service(event));
+        }
+        assert_eq!(KEPT.load(Ordering::SeqCst), 3);
+        let batch = state.take_batch().expect("the relist's change");
+        assert_eq!(
+            batch.changes,
+            [ObjectChange::Service(
+                ObjectKey { namespace: "default".into(), name: "api".into() },
+                Some("api".to_owned())
+            )]
+        );
+    }
+
+    #[test]
     fn the_proxy_waits_for_its_node_too() {
-        let mut state = WatchState::new(true);
+        let mut state = WatchState::new(true, Keep::objects());
         for event in list(Vec::new()) {
             state.handle(Incoming::Service(event));
         }

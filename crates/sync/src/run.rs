@@ -5,7 +5,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use svcplane_core::{Change, ClusterState, Dataplane, NodeConfig, NodePlan, PlanDiff, SyncReport};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::hooks::{AfterSync, Synced};
 
@@ -128,7 +128,9 @@ impl SyncLoop {
         }
         if self.state.has_pending_changes() {
             let changes = self.state.take_changes();
+            let started = Instant::now();
             self.pending.absorb(self.plan.update(&self.state, &changes));
+            debug!(services = changes.services.len(), everything = changes.everything, elapsed = ?started.elapsed(), "planned");
         }
         if let Some(found) = self.dataplane.detect_drift() {
             warn!(

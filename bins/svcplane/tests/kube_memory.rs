@@ -1,0 +1,278 @@
+//! Benchmark: the memory and the cold start of `svcplane proxy` fed by a real API server.
+//!
+//! Input, per size S x E: S selector-less ClusterIP Services (TCP 80 -> 8080, IPv4) and one
+//! IPv4 EndpointSlice of E endpoints each, written through the API before any proxy runs,
+//! plus a marker Service created last whose one endpoint is a lab pod with an echo server.
+//! Then each binary under test (`SVCPLANE_MEM_BINARIES`, `label=path,...`; by default the
+//! one this test was built with) is started cold on node1 (rules removed first) as
+//! `svcplane proxy --kubeconfig ... --node-name node1` (nftables mode, netlink), `rounds`
+//! times in turn, and measured:
+//!
+//! - *cold start*: from the process's start until node1 itself reaches the marker's
+//!   ClusterIP (list, conversion, plan, render and the kernel's transaction included; every
+//!   sync programs everything known, so the marker working means all of it does);
+//! - *RSS*: `VmRSS` a few seconds after that (what the proxy keeps), and *peak RSS*:
+//!   `VmHWM` (the most it ever held, the cold sync included).
+//!
+//! `scripts/k8s/memory` runs the real sizes (release build); the plain test here runs the
+//! same harness on a small cluster so the harness itself stays tested.
+//! `SVCPLANE_MEM_HOLD_SECS=N` keeps the lab and its API server up N seconds after the
+//! objects are written (the kubeconfig and node namespace printed), for profiling by hand;
+//! removing the file `SVCPLANE_MEM_HOLD_FILE` names ends the wait early.
+
+mod kube_support;
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, PostParams};
+use kube_support::{CLUSTER_CIDRS, KubeLab, cluster_ip_v4, echo_service, echo_slice};
+use svcplane_control_plane::{UpstreamBinaries, binaries_for_test};
+use svcplane_testbed::Lab;
+
+const MARKER: &str = "marker";
+const MARKER_POD: &str = "node1-pod1";
+const PROBE_INTERVAL: Duration = Duration::from_millis(10);
+const PROBE_TIMEOUT: Duration = Duration::from_millis(50);
+/// How long after the first working probe the kept RSS is read.
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// One cluster size.
+#[derive(Debug, Clone, Copy)]
+struct Size {
+    services: usize,
+    endpoints: usize,
+}
+
+/// One binary's measurements in one round.
+#[derive(Debug)]
+struct Measured {
+    label: String,
+    cold_start: Option<Duration>,
+    rss_kib: Option<u64>,
+    peak_kib: Option<u64>,
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn bulk(index: usize, endpoints: usize) -> (Service, EndpointSlice) {
+    let name = format!("svc-{index:05}");
+    let mut service = echo_service(&name, false, &[]);
+    if let Some(spec) = service.spec.as_mut() {
+        spec.ip_family_policy = Some("SingleStack".into());
+    }
+    // Endpoint addresses from 198.18.140.0 up (pod space of the lab plan, no lab pod there).
+    let addresses: Vec<(IpAddr, &str)> = (0..endpoints)
+        .map(|e| {
+            let k = (index * endpoints + e) % 25_000;
+            let ip: IpAddr = format!("198.18.{}.{}", 140 + k / 250, k % 250 + 1).parse().unwrap();
+            (ip, if e % 2 == 0 { "node1" } else { "node2" })
+        })
+        .collect();
+    let slice = echo_slice(&format!("{name}-1"), &name, &addresses, &[]);
+    (service, slice)
+}
+
+fn create_bulk(kube: &KubeLab, size: Size) -> Duration {
+    let concurrency: usize =
+        std::env::var("SVCPLANE_MEM_CONCURRENCY").ok().and_then(|text| text.parse().ok()).unwrap_or(64);
+    let started = Instant::now();
+    let client = kube.client.client();
+    kube.client.run(async move {
+        let services_api = Api::<Service>::namespaced(client.clone(), "default");
+        let slices_api = Api::<EndpointSlice>::namespaced(client, "default");
+        let results: Vec<Result<(), kube::Error>> = futures::stream::iter(0..size.services)
+            .map(|index| {
+                let (services_api, slices_api) = (services_api.clone(), slices_api.clone());
+                async move {
+                    let (service, slice) = bulk(index, size.endpoints);
+                    services_api.create(&PostParams::default(), &service).await?;
+                    slices_api.create(&PostParams::default(), &slice).await?;
+                    Ok(())
+                }
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        for result in results {
+            result.expect("creating a Service and its slice");
+        }
+    });
+    started.elapsed()
+}
+
+fn proxy_args(kube: &KubeLab) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "proxy",
+        "--kubeconfig",
+        &kube.plane.kubeconfig().display().to_string(),
+        "--node-name",
+        kube.lab.node(1).name(),
+    ]
+    .map(String::from)
+    .to_vec();
+    for cidr in CLUSTER_CIDRS {
+        args.extend(["--cluster-cidr".to_owned(), cidr.to_owned()]);
+    }
+    args
+}
+
+/// Starts `binary` cold on node1 and measures it; stops it and removes its rules after.
+fn measure(kube: &KubeLab, label: &str, binary: &str, target: SocketAddr, limit: Duration) -> Measured {
+    let namespace = kube.lab.node(1).namespace_name().to_owned();
+    let _ = kube.lab.exec(&namespace, &[binary, "cleanup"]);
+    assert!(
+        kube.lab.tcp_request(&namespace, target, Duration::from_millis(300)).is_err(),
+        "rules left before starting {label}"
+    );
+    let what = format!("proxy-{label}");
+    let started = Instant::now();
+    let (pid, log) = kube.plane.spawn(&what, &namespace, binary, &proxy_args(kube)).expect("a proxy");
+    let mut cold_start = None;
+    while started.elapsed() < limit {
+        if let Ok(reply) = kube.lab.tcp_request(&namespace, target, PROBE_TIMEOUT)
+            && reply.server_name == MARKER_POD
+        {
+            cold_start = Some(started.elapsed());
+            break;
+        }
+        std::thread::sleep(PROBE_INTERVAL);
+    }
+    std::thread::sleep(SETTLE);
+    let measured = Measured {
+        label: label.to_owned(),
+        cold_start,
+        rss_kib: status_kib(pid, "VmRSS:"),
+        peak_kib: status_kib(pid, "VmHWM:"),
+    };
+    if let Err(error) = kube.plane.check_running(&what) {
+        panic!("{label} stopped: {error}\n{}", kube_support::log_tail(&log));
+    }
+    kube.plane.stop(&what);
+    let _ = kube.lab.exec(&namespace, &[binary, "cleanup"]);
+    measured
+}
+
+fn binaries() -> Vec<(String, String)> {
+    match std::env::var("SVCPLANE_MEM_BINARIES") {
+        Ok(list) => list
+            .split(',')
+            .map(|entry| {
+                let (label, path) = entry.split_once('=').expect("SVCPLANE_MEM_BINARIES: label=path,...");
+                (label.trim().to_owned(), path.trim().to_owned())
+            })
+            .collect(),
+        Err(_) => vec![("svcplane".to_owned(), env!("CARGO_BIN_EXE_svcplane").to_owned())],
+    }
+}
+
+fn run_size(upstream: &UpstreamBinaries, size: Size, rounds: usize, limit: Duration) -> (Duration, Vec<Measured>) {
+    let lab = Lab::builder().nodes(2).pods_per_node(1).build().expect("a lab");
+    lab.start_echo_in_all_pods(kube_support::ECHO_PORT, Path::new(env!("CARGO_BIN_EXE_svcplane"))).expect("echo");
+    let kube = KubeLab::start(upstream, lab);
+    let created = create_bulk(&kube, size);
+    let marker: Service = kube.client.create(&echo_service(MARKER, false, &[])).expect("the marker");
+    let pod_ip = IpAddr::V4(kube.lab.pod(MARKER_POD).ip_v4());
+    kube.client.create(&echo_slice("marker-1", MARKER, &[(pod_ip, "node1")], &[])).expect("the marker's slice");
+    let target = SocketAddr::new(cluster_ip_v4(&marker), 80);
+    if let Some(hold) = std::env::var("SVCPLANE_MEM_HOLD_SECS").ok().and_then(|text| text.parse().ok()) {
+        eprintln!(
+            "holding {hold} s: kubeconfig {}, node1 namespace {}, marker {target}; args: {}",
+            kube.plane.kubeconfig().display(),
+            kube.lab.node(1).namespace_name(),
+            proxy_args(&kube).join(" ")
+        );
+        // Ends early once the file `SVCPLANE_MEM_HOLD_FILE` names is gone.
+        let file = std::env::var_os("SVCPLANE_MEM_HOLD_FILE");
+        let until = Instant::now() + Duration::from_secs(hold);
+        while Instant::now() < until && file.as_ref().is_none_or(|file| Path::new(file).exists()) {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    let mut all = Vec::new();
+    for _ in 0..rounds {
+        for (label, binary) in binaries() {
+            let measured = measure(&kube, &label, &binary, target, limit);
+            eprintln!("{} x {}: {measured:?}", size.services, size.endpoints);
+            all.push(measured);
+        }
+    }
+    (created, all)
+}
+
+fn markdown(size: Size, created: Duration, all: &[Measured]) -> String {
+    let mut text = String::new();
+    let mib = |kib: Option<u64>| kib.map_or_else(|| "-".to_owned(), |k| format!("{:.0} MiB", k as f64 / 1024.0));
+    for measured in all {
+        let cold =
+            measured.cold_start.map_or_else(|| "timed out".to_owned(), |d| format!("{:.0} ms", d.as_secs_f64() * 1e3));
+        let _ = writeln!(
+            text,
+            "| {} x {} | {} | {cold} | {} | {} |",
+            size.services,
+            size.endpoints,
+            measured.label,
+            mib(measured.rss_kib),
+            mib(measured.peak_kib)
+        );
+    }
+    let _ = writeln!(
+        text,
+        "| {} x {} | (writing every object) | {:.0} s | | |",
+        size.services,
+        size.endpoints,
+        created.as_secs_f64()
+    );
+    text
+}
+
+#[test]
+fn the_memory_harness_measures_a_cold_proxy_on_a_small_cluster() {
+    let Some(upstream) = binaries_for_test("kube_memory") else { return };
+    let size = Size { services: 30, endpoints: 10 };
+    let (created, all) = run_size(&upstream, size, 1, Duration::from_secs(60));
+    eprintln!("{}", markdown(size, created, &all));
+    for measured in &all {
+        assert!(measured.cold_start.is_some(), "the proxy never programmed the marker: {measured:?}");
+        let (rss, peak) = (measured.rss_kib.expect("an RSS"), measured.peak_kib.expect("a peak"));
+        assert!(rss > 0 && peak >= rss, "{measured:?}");
+    }
+}
+
+/// `scripts/k8s/memory`: 10k Services x 10 endpoints by default (`SVCPLANE_MEM_SIZES`, e.g.
+/// `10000x10,5000x50`; `SVCPLANE_MEM_ROUNDS`), the Markdown rows on stderr and in
+/// `SVCPLANE_MEM_MARKDOWN` when set.
+#[test]
+#[ignore = "a benchmark: run with scripts/k8s/memory (release build, a few minutes)"]
+fn svcplane_proxy_memory_and_cold_start_at_10k_services() {
+    let Some(upstream) = binaries_for_test("kube_memory") else { return };
+    let sizes: Vec<Size> = std::env::var("SVCPLANE_MEM_SIZES")
+        .unwrap_or_else(|_| "10000x10".into())
+        .split(',')
+        .map(|size| {
+            let (services, endpoints) = size.trim().split_once('x').expect("SVCPLANE_MEM_SIZES: SxE,...");
+            Size { services: services.parse().expect("a number"), endpoints: endpoints.parse().expect("a number") }
+        })
+        .collect();
+    let rounds = std::env::var("SVCPLANE_MEM_ROUNDS").ok().and_then(|text| text.parse().ok()).unwrap_or(2);
+    let mut table = String::from(
+        "| services x endpoints | binary | cold start to rules in the kernel | RSS after | peak RSS |\n| --- | --- | ---: | ---: | ---: |\n",
+    );
+    for size in sizes {
+        let (created, all) = run_size(&upstream, size, rounds, Duration::from_secs(300));
+        table.push_str(&markdown(size, created, &all));
+    }
+    eprintln!("{table}");
+    if let Ok(path) = std::env::var("SVCPLANE_MEM_MARKDOWN") {
+        std::fs::write(&path, &table).expect("writing the Markdown table");
+    }
+}
