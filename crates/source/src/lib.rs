@@ -24,6 +24,7 @@
 //! runtime either: the watcher is a polling thread.
 
 pub mod convert;
+mod delta;
 pub mod diff;
 pub mod dns_view;
 pub mod feed;
@@ -35,7 +36,7 @@ pub use convert::{
     Converted, FieldError, Problem, convert_objects, new_slice_address_errors, node_to_core, service_to_core,
     slice_to_core,
 };
-pub use diff::SnapshotDiffer;
+pub use diff::{PartialSnapshot, SnapshotDiffer};
 pub use dns_view::{DnsView, dns_view, service_to_dns};
 pub use feed::{FeedError, ManifestsFeed, ManifestsSettings};
 pub use manifests::{

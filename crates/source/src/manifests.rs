@@ -472,6 +472,26 @@ impl AnyObject {
         }
     }
 
+    pub(crate) fn as_service(&self) -> Option<&Service> {
+        if let AnyObject::Service(o) = self { Some(o) } else { None }
+    }
+
+    pub(crate) fn as_pod(&self) -> Option<&Pod> {
+        if let AnyObject::Pod(o) = self { Some(o) } else { None }
+    }
+
+    pub(crate) fn as_node(&self) -> Option<&Node> {
+        if let AnyObject::Node(o) = self { Some(o) } else { None }
+    }
+
+    pub(crate) fn as_slice(&self) -> Option<&EndpointSlice> {
+        if let AnyObject::Slice(o) = self { Some(o) } else { None }
+    }
+
+    pub(crate) fn as_pool(&self) -> Option<&LoadBalancerIPPool> {
+        if let AnyObject::Pool(o) = self { Some(o) } else { None }
+    }
+
     pub(crate) fn reference(&self) -> ObjectRef {
         ObjectRef::from_meta(self.kind(), self.metadata())
     }

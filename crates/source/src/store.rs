@@ -145,8 +145,8 @@ impl ManifestStore {
                     let mut claimed = vec![false; old.map_or(0, |record| record.documents.len())];
                     let start = work.len();
                     push_work(&mut work, file, false, text);
-                    for index in start..work.len() {
-                        let Unit::Yaml { document, .. } = &work[index].unit else { continue };
+                    for (index, unit) in work.iter().enumerate().skip(start) {
+                        let Unit::Yaml { document, .. } = &unit.unit else { continue };
                         let hash = digest(document.text);
                         let reused = old.and_then(|record| {
                             record.documents.iter().enumerate().position(|(i, candidate)| {
@@ -176,7 +176,7 @@ impl ManifestStore {
             })
             .collect();
         let selected: Vec<Work<'_>> =
-            needed.iter().map(|&index| Work { file: work[index].file, unit: work[index].unit.clone() }).collect();
+            needed.iter().map(|&index| Work { file: work[index].file, unit: work[index].unit }).collect();
         self.counters.documents_parsed += selected.len() as u64;
         let mut results: HashMap<usize, FileContents> = needed
             .iter()
@@ -318,13 +318,6 @@ impl ManifestStore {
             }
         }
         errors
-    }
-
-    /// Whether anything has a problem (cheaper than [`Self::errors`]).
-    pub(crate) fn has_errors(&self) -> bool {
-        !self.listing_errors.is_empty()
-            || !self.duplicated.is_empty()
-            || self.files.values().any(|f| !f.errors.is_empty() || f.documents.iter().any(|d| !d.errors.is_empty()))
     }
 
     /// Where the winning definition of `object` is.

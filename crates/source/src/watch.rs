@@ -158,7 +158,7 @@ fn same_errors(old: &[ManifestError], new: &[ManifestError]) -> bool {
     old.len() == new.len() && old.iter().zip(new).all(|(a, b)| a.to_string() == b.to_string())
 }
 
-fn sleep_unless_stopped(interval: Duration, stop: &AtomicBool) {
+pub(crate) fn sleep_unless_stopped(interval: Duration, stop: &AtomicBool) {
     let deadline = Instant::now() + interval;
     loop {
         let now = Instant::now();
