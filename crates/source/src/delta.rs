@@ -25,7 +25,8 @@ use svcplane_core::model::NamespacedName;
 
 use crate::convert::{FieldError, new_slice_address_errors, node_to_core, service_to_core, slice_to_core};
 use crate::diff::PartialSnapshot;
-use crate::manifests::{AnyObject, ObjectKind, ObjectRef};
+use crate::held::{Held, PodRecord};
+use crate::manifests::{ObjectKind, ObjectRef};
 use crate::store::{ManifestStore, ObjectChange};
 
 /// `(namespace, label key, label value)` hashed: a posting-list key. A collision only adds
@@ -39,14 +40,14 @@ fn label_key(namespace: &str, key: &str, value: &str) -> u64 {
 /// What the incremental controller remembers between edits.
 #[derive(Debug, Default)]
 pub(crate) struct DeltaState {
-    services: BTreeMap<ObjectRef, Arc<AnyObject>>,
-    pods: HashMap<ObjectRef, Arc<AnyObject>>,
-    nodes: BTreeMap<ObjectRef, Arc<AnyObject>>,
+    services: BTreeMap<ObjectRef, Arc<Held>>,
+    pods: HashMap<ObjectRef, Arc<Held>>,
+    nodes: BTreeMap<ObjectRef, Arc<Held>>,
     /// The Nodes as the slice planner wants them (zones), rebuilt when one changes.
     node_list: Vec<Node>,
-    pools: BTreeMap<ObjectRef, Arc<AnyObject>>,
+    pools: BTreeMap<ObjectRef, Arc<Held>>,
     /// EndpointSlices written by hand (not ours).
-    slices: BTreeMap<ObjectRef, Arc<AnyObject>>,
+    slices: BTreeMap<ObjectRef, Arc<Held>>,
     /// Pods by `(namespace, key, value)` of each label.
     pods_by_label: HashMap<u64, HashSet<ObjectRef>>,
     /// Services with a selector by `(namespace, key, value)` of their selector's first label.
@@ -89,10 +90,10 @@ impl DeltaState {
                         Some(object) => self.services.insert(reference.clone(), Arc::clone(object)),
                         None => self.services.remove(&reference),
                     };
-                    if let Some(old) = old.as_deref().and_then(AnyObject::as_service) {
+                    if let Some(old) = old.as_deref().and_then(Held::as_service) {
                         self.unindex_service(&reference, old);
                     }
-                    if let Some(service) = new.as_deref().and_then(AnyObject::as_service) {
+                    if let Some(service) = new.as_deref().and_then(Held::as_service) {
                         self.index_service(&reference, service);
                     }
                     services_changed.insert(reference);
@@ -102,11 +103,11 @@ impl DeltaState {
                         Some(object) => self.pods.insert(reference.clone(), Arc::clone(object)),
                         None => self.pods.remove(&reference),
                     };
-                    for pod in [old.as_deref(), new.as_deref()].into_iter().flatten().filter_map(AnyObject::as_pod) {
+                    for pod in [old.as_deref(), new.as_deref()].into_iter().flatten().filter_map(Held::as_pod) {
                         self.services_selecting(&reference.namespace, pod, &mut affected);
                     }
-                    if let Some(pod) = old.as_deref().and_then(AnyObject::as_pod) {
-                        for (key, value) in pod.metadata.labels.iter().flatten() {
+                    if let Some(pod) = old.as_deref().and_then(Held::as_pod) {
+                        for (key, value) in pod.labels() {
                             let posting = label_key(&reference.namespace, key, value);
                             if let Some(pods) = self.pods_by_label.get_mut(&posting) {
                                 pods.remove(&reference);
@@ -116,8 +117,8 @@ impl DeltaState {
                             }
                         }
                     }
-                    if let Some(pod) = new.as_deref().and_then(AnyObject::as_pod) {
-                        for (key, value) in pod.metadata.labels.iter().flatten() {
+                    if let Some(pod) = new.as_deref().and_then(Held::as_pod) {
+                        for (key, value) in pod.labels() {
                             let posting = label_key(&reference.namespace, key, value);
                             self.pods_by_label.entry(posting).or_default().insert(reference.clone());
                         }
@@ -235,6 +236,7 @@ impl DeltaState {
         let service = self.with_load_balancers.get(reference).or_else(|| self.allocated.get(reference));
         if let Some(service) = service {
             let candidates = self.candidates(reference, service);
+            let candidates: Vec<&Pod> = candidates.iter().collect();
             match plan_slices_from(service, &candidates, &self.node_list) {
                 Err(error) => {
                     self.refused.insert(reference.clone(), vec![error]);
@@ -305,15 +307,16 @@ impl DeltaState {
         }
     }
 
-    /// The Pods that may be selected by `service`: those with its selector's first label.
-    fn candidates(&self, reference: &ObjectRef, service: &Service) -> Vec<&Pod> {
+    /// The Pods that may be selected by `service` (those with its selector's first label),
+    /// rebuilt from their records for the planner.
+    fn candidates(&self, reference: &ObjectRef, service: &Service) -> Vec<Pod> {
         let Some((key, value)) = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()?.iter().next()) else {
             return Vec::new();
         };
         let Some(pods) = self.pods_by_label.get(&label_key(&reference.namespace, key, value)) else {
             return Vec::new();
         };
-        pods.iter().filter_map(|pod| self.pods.get(pod).and_then(|o| o.as_pod())).collect()
+        pods.iter().filter_map(|pod| self.pods.get(pod).and_then(|o| o.as_pod())).map(PodRecord::to_pod).collect()
     }
 
     fn index_service(&mut self, reference: &ObjectRef, service: &Service) {
@@ -336,9 +339,8 @@ impl DeltaState {
     }
 
     /// Adds the Services of `namespace` whose selector matches the labels of `pod`.
-    fn services_selecting(&self, namespace: &str, pod: &Pod, found: &mut BTreeSet<ObjectRef>) {
-        let Some(labels) = pod.metadata.labels.as_ref() else { return };
-        for (key, value) in labels {
+    fn services_selecting(&self, namespace: &str, pod: &PodRecord, found: &mut BTreeSet<ObjectRef>) {
+        for (key, value) in pod.labels() {
             let Some(services) = self.services_by_selector.get(&label_key(namespace, key, value)) else { continue };
             for reference in services {
                 let selector = self
@@ -347,7 +349,7 @@ impl DeltaState {
                     .and_then(|o| o.as_service())
                     .and_then(|s| s.spec.as_ref())
                     .and_then(|spec| spec.selector.as_ref());
-                if selector.is_some_and(|selector| selector.iter().all(|(k, v)| labels.get(k) == Some(v))) {
+                if selector.is_some_and(|selector| selector.iter().all(|(k, v)| pod.label(k) == Some(v.as_str()))) {
                     found.insert(reference.clone());
                 }
             }

@@ -28,6 +28,7 @@ mod delta;
 pub mod diff;
 pub mod dns_view;
 pub mod feed;
+mod held;
 pub mod manifests;
 mod store;
 pub mod watch;

@@ -476,10 +476,6 @@ impl AnyObject {
         if let AnyObject::Service(o) = self { Some(o) } else { None }
     }
 
-    pub(crate) fn as_pod(&self) -> Option<&Pod> {
-        if let AnyObject::Pod(o) = self { Some(o) } else { None }
-    }
-
     pub(crate) fn as_node(&self) -> Option<&Node> {
         if let AnyObject::Node(o) = self { Some(o) } else { None }
     }

@@ -6,7 +6,8 @@
 //! [`crate::load_directory`] does). Applying a re-read file re-parses only the documents
 //! whose text is new; unchanged documents keep their objects and only move (line and
 //! document number). The result of an apply is the list of objects whose winning
-//! definition changed: added, edited or gone. A deleted file takes its objects with it, and
+//! definition changed: added, edited or gone. Objects are held compactly ([`Held`]: Pods
+//! as records of the fields the controller reads). A deleted file takes its objects with it, and
 //! an object that moves from one file to another is unchanged.
 
 use std::collections::hash_map::DefaultHasher;
@@ -16,9 +17,10 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::held::Held;
 use crate::manifests::{
-    AnyObject, Assembler, FileContents, Loaded, ManifestError, ObjectRef, ParsedObject, Position, Unit, Work, is_json,
-    parse_work, push_work,
+    Assembler, FileContents, Loaded, ManifestError, ObjectRef, ParsedObject, Position, Unit, Work, is_json, parse_work,
+    push_work,
 };
 
 /// A 128-bit digest of a document's text (two keyed SipHash runs): telling "same text" from
@@ -37,7 +39,7 @@ fn digest(text: &str) -> DocHash {
 
 /// One object whose winning definition changed: its new definition, or `None` when no file
 /// defines it any more.
-pub(crate) type ObjectChange = (ObjectRef, Option<Arc<AnyObject>>);
+pub(crate) type ObjectChange = (ObjectRef, Option<Arc<Held>>);
 
 /// How much reading work the store did so far (for tests and benchmarks).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -87,7 +89,7 @@ struct Definition {
     document: usize,
     n: usize,
     position: Position,
-    object: Arc<AnyObject>,
+    object: Arc<Held>,
 }
 
 impl Definition {
@@ -114,7 +116,7 @@ impl ManifestStore {
         listing_errors: Vec<ManifestError>,
     ) -> Vec<ObjectChange> {
         self.listing_errors = listing_errors;
-        let mut before: HashMap<ObjectRef, Option<Arc<AnyObject>>> = HashMap::new();
+        let mut before: HashMap<ObjectRef, Option<Arc<Held>>> = HashMap::new();
         for path in removed {
             if let Some(record) = self.files.remove(path.as_path()) {
                 let path: Arc<Path> = Arc::from(path);
@@ -221,7 +223,7 @@ impl ManifestStore {
                                 document: index,
                                 n,
                                 position,
-                                object: Arc::new(object),
+                                object: Arc::new(Held::new(object)),
                             };
                             self.insert(reference, definition);
                         }
@@ -254,7 +256,7 @@ impl ManifestStore {
         &mut self,
         path: &Arc<Path>,
         record: &FileRecord,
-        before: &mut HashMap<ObjectRef, Option<Arc<AnyObject>>>,
+        before: &mut HashMap<ObjectRef, Option<Arc<Held>>>,
     ) -> Vec<Vec<Definition>> {
         let mut taken = Vec::with_capacity(record.documents.len());
         for (index, document) in record.documents.iter().enumerate() {
@@ -335,7 +337,7 @@ impl ManifestStore {
                     let Some(first) = self.definitions.get(reference).and_then(|list| list.first()) else { continue };
                     if *first.file == **path && first.document == index && first.n == n {
                         assembler.add_object(ParsedObject {
-                            object: (*first.object).clone(),
+                            object: first.object.to_object(),
                             position: first.position.clone(),
                         });
                     }
@@ -348,6 +350,6 @@ impl ManifestStore {
     }
 }
 
-fn winner(definitions: &HashMap<ObjectRef, Vec<Definition>>, reference: &ObjectRef) -> Option<Arc<AnyObject>> {
+fn winner(definitions: &HashMap<ObjectRef, Vec<Definition>>, reference: &ObjectRef) -> Option<Arc<Held>> {
     definitions.get(reference).and_then(|list| list.first()).map(|d| Arc::clone(&d.object))
 }
