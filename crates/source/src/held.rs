@@ -77,8 +77,11 @@ pub(crate) struct PodRecord {
     ready: bool,
     /// Named container ports of the containers, then of the sidecar init containers
     /// (`restartPolicy: Always`), in order: what a named `targetPort` resolves through.
-    ports: Box<[(Box<str>, Option<Box<str>>, i32)]>,
+    ports: Box<[NamedPort]>,
 }
+
+/// A named container port: name, protocol as written, number.
+type NamedPort = (Box<str>, Option<Box<str>>, i32);
 
 fn boxed(text: Option<String>) -> Option<Box<str>> {
     text.map(String::into_boxed_str)
@@ -92,7 +95,7 @@ impl PodRecord {
         let status = status.unwrap_or_default();
         let sidecars =
             spec.init_containers.into_iter().flatten().filter(|c| c.restart_policy.as_deref() == Some("Always"));
-        let ports: Vec<(Box<str>, Option<Box<str>>, i32)> = spec
+        let ports: Vec<NamedPort> = spec
             .containers
             .into_iter()
             .chain(sidecars)
