@@ -61,6 +61,8 @@ pub(crate) struct DeltaState {
     load_balancer_problems: Vec<String>,
     /// The core names of the slices generated for each Service.
     generated: HashMap<ObjectRef, Vec<NamespacedName>>,
+    /// Whether the allocator has had its first, full pass.
+    allocated_once: bool,
     /// Conversion problems, by the Service (with its generated slices) or hand-written slice.
     convert_errors: BTreeMap<ObjectRef, Vec<FieldError>>,
 }
@@ -176,7 +178,13 @@ impl DeltaState {
                     }
                 }
             }
-            let outcome = allocator.allocate_changed(&settle, &removed);
+            // The first time, every Service is here: a full pass also releases what a restored
+            // record holds for Services that are gone.
+            let outcome = if std::mem::replace(&mut self.allocated_once, true) {
+                allocator.allocate_changed(&settle, &removed)
+            } else {
+                allocator.allocate(&settle)
+            };
             output.allocations_changed = outcome.changed;
             for (service, result) in settle.iter().zip(outcome.services) {
                 let reference = ObjectRef::from_meta(ObjectKind::Service, &service.metadata);
