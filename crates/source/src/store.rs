@@ -11,7 +11,7 @@
 //! an object that moves from one file to another is unchanged.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -144,22 +144,21 @@ impl ManifestStore {
                     push_work(&mut work, file, true, text);
                 } else {
                     let old = self.files.get(path);
-                    let mut claimed = vec![false; old.map_or(0, |record| record.documents.len())];
+                    // The reusable documents of the previous version by text, first ones first.
+                    let mut previous: HashMap<DocHash, VecDeque<usize>> = HashMap::new();
+                    for (i, candidate) in old.iter().flat_map(|record| record.documents.iter().enumerate()) {
+                        if let (true, Some(hash)) = (candidate.reusable(), candidate.hash) {
+                            previous.entry(hash).or_default().push_back(i);
+                        }
+                    }
                     let start = work.len();
                     push_work(&mut work, file, false, text);
                     for (index, unit) in work.iter().enumerate().skip(start) {
                         let Unit::Yaml { document, .. } = &unit.unit else { continue };
                         let hash = digest(document.text);
-                        let reused = old.and_then(|record| {
-                            record.documents.iter().enumerate().position(|(i, candidate)| {
-                                !claimed[i] && candidate.reusable() && candidate.hash == Some(hash)
-                            })
-                        });
+                        let reused = previous.get_mut(&hash).and_then(VecDeque::pop_front);
                         let source = match reused {
-                            Some(old) => {
-                                claimed[old] = true;
-                                Source::Reused { old, content_line: document.content_line }
-                            }
+                            Some(old) => Source::Reused { old, content_line: document.content_line },
                             None => Source::Parsed(index),
                         };
                         plan.push((Some(hash), source));
