@@ -320,7 +320,10 @@ fn main() -> anyhow::Result<()> {
     }
     println!("| VmRSS at the end / VmHWM | {} MiB / {} MiB | | |", rss / 1024, hwm / 1024);
     if warnings > 0 {
-        eprintln!("the proxy logged {warnings} warnings; see its log:\n{}", log.lines().take(20).collect::<Vec<_>>().join("\n"));
+        eprintln!(
+            "the proxy logged {warnings} warnings; see its log:\n{}",
+            log.lines().take(20).collect::<Vec<_>>().join("\n")
+        );
     }
     Ok(())
 }

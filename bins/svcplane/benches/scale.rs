@@ -685,7 +685,7 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
     // cold read of the whole directory.
     let mut feed = ManifestsFeed::new(ManifestsSettings {
         dir: manifests.dir.clone(),
-        allocator: allocator().config().clone(),
+        allocator: allocator.config().clone(),
         allocations_file: None,
         saves_allocations: false,
     })?;
@@ -746,7 +746,11 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
             ms(Stats::of(sync_samples).median)
         ),
     );
-    report.row("of which our own work in the feed", feed_samples, "poll_changes alone: scan, read, parse, controller, convert, diff");
+    report.row(
+        "of which our own work in the feed",
+        feed_samples,
+        "poll_changes alone: scan, read, parse, controller, convert, diff",
+    );
     report.ratio(format!("one Pod edit, feed's own work / target 20 ms ({size})"), ratio(feed_median, TARGET_CHANGE));
 
     // The changes reached the kernel (outside every timing: listing is slow).
