@@ -90,7 +90,7 @@ fn run_mode(mode: &str, dir: &Path, services: usize, endpoints: usize, repeat: u
     };
     let mut feed = ManifestsFeed::new(settings)?;
     let incremental = mode == "feed";
-    let mut read = |feed: &mut ManifestsFeed| -> Result<usize, Error> {
+    let read = |feed: &mut ManifestsFeed| -> Result<usize, Error> {
         let changes = if incremental { feed.poll_changes() } else { feed.changes(load_directory(dir)) };
         Ok(changes.ok_or("nothing read")?.len())
     };
