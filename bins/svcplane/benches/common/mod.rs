@@ -27,6 +27,8 @@ pub const CLUSTER_CIDR_V6: &str = "2001:db8:1::/48";
 pub const V4_SERVICES: usize = 60_000;
 pub const POD_ADDRESSES: u32 = 32_000;
 pub const TARGET_PORT: u16 = 8080;
+/// One connect's limit: a SYN lost on the way is retransmitted after 1 s, then 3 s.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The ClusterIP of the Service a lab connects through.
 pub const LAB_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 250);
 
@@ -154,7 +156,15 @@ pub fn show(d: Duration) -> String {
 /// A TCP server in a pod: accepts and reads until the stop flag (600 s at most).
 pub fn serve(lab: &Lab, pod: &str, stop: Arc<AtomicBool>) -> anyhow::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
     let namespace = lab.pod(pod).namespace_name();
-    let listener = lab.run_in(namespace, || TcpListener::bind(("0.0.0.0", TARGET_PORT)))??;
+    // A long accept queue: under emulation the accept loop can fall behind a burst of
+    // connects, and a full queue drops SYNs (a 1 s retransmission, not the dataplane).
+    let listener = lab.run_in(namespace, || -> std::io::Result<TcpListener> {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&SocketAddr::from(([0, 0, 0, 0], TARGET_PORT)).into())?;
+        socket.listen(4096)?;
+        Ok(socket.into())
+    })??;
     listener.set_nonblocking(true)?;
     let address = SocketAddr::new(IpAddr::V4(lab.pod(pod).ip_v4()), TARGET_PORT);
     let handle = std::thread::spawn(move || {
@@ -182,7 +192,8 @@ pub fn connects(lab: &Lab, pod: &str, target: SocketAddr, count: usize) -> anyho
         let mut samples = Vec::with_capacity(count);
         for _ in 0..count {
             let started = Instant::now();
-            let stream = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
+            let stream = TcpStream::connect_timeout(&target, CONNECT_TIMEOUT)
+                .map_err(|error| anyhow::anyhow!("connect {} of {count} to {target}: {error}", samples.len() + 1))?;
             samples.push(started.elapsed());
             drop(stream);
         }
