@@ -303,9 +303,13 @@ const ROUNDS: usize = 4;
 fn paired(lab: &Lab, pod: &str, service: SocketAddr, direct: SocketAddr, args: &Args) -> anyhow::Result<Paired> {
     let (mut through, mut straight) = (Vec::new(), Vec::new());
     let (mut service_stream, mut direct_stream) = (0f64, 0f64);
-    for _ in 0..ROUNDS {
-        through.extend(connects(lab, pod, service, args.connects / ROUNDS)?);
-        straight.extend(connects(lab, pod, direct, args.connects / ROUNDS)?);
+    let per_round = args.connects / ROUNDS;
+    ensure!(per_round * ROUNDS <= 12_000, "--connects: at most 12000 per path");
+    for round in 0..ROUNDS {
+        // Source ports of each path's own (see `common::connects`).
+        let offset = u16::try_from(round * per_round)?;
+        through.extend(connects(lab, pod, service, per_round, 20_000 + offset)?);
+        straight.extend(connects(lab, pod, direct, per_round, 40_000 + offset)?);
         service_stream = service_stream.max(throughput(lab, pod, service, args.bulk_mib / ROUNDS)?);
         direct_stream = direct_stream.max(throughput(lab, pod, direct, args.bulk_mib / ROUNDS)?);
     }

@@ -239,7 +239,7 @@ fn until_in_ipvs_table(
     limit: Duration,
     from: Instant,
 ) -> anyhow::Result<Option<Duration>> {
-    Ok(svcplane_testbed::run_in_namespace(namespace, || -> anyhow::Result<Option<Duration>> {
+    svcplane_testbed::run_in_namespace(namespace, || -> anyhow::Result<Option<Duration>> {
         let mut ipvs = svcplane_ipvs::Ipvs::new()?;
         while from.elapsed() < limit {
             if let Ok(destinations) = ipvs.destinations(&key) {
@@ -255,7 +255,7 @@ fn until_in_ipvs_table(
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(None)
-    })??)
+    })?
 }
 
 #[derive(Debug, Clone, Copy)]

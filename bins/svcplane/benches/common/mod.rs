@@ -10,7 +10,9 @@
 pub mod modes;
 
 use std::io::Read;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+
+use anyhow::Context as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -186,16 +188,30 @@ pub fn serve(lab: &Lab, pod: &str, stop: Arc<AtomicBool>) -> anyhow::Result<(Soc
     Ok((address, handle))
 }
 
-/// `count` connects from `pod` to `target` (connect completed, then closed), timed.
-pub fn connects(lab: &Lab, pod: &str, target: SocketAddr, count: usize) -> anyhow::Result<Vec<Duration>> {
+/// `count` connects from `pod` to `target` (connect completed, then closed), timed, from
+/// source ports `first_port`, `first_port + 1`, ... A caller gives each path ports of its
+/// own: IPVS (NAT) takes a server's reply to a direct connection for one of its own
+/// connections when the client's port matches one it already tracks, and rewrites it.
+pub fn connects(
+    lab: &Lab,
+    pod: &str,
+    target: SocketAddr,
+    count: usize,
+    first_port: u16,
+) -> anyhow::Result<Vec<Duration>> {
     lab.run_in(pod, || -> anyhow::Result<Vec<Duration>> {
         let mut samples = Vec::with_capacity(count);
-        for _ in 0..count {
+        for k in 0..count {
+            let port = u16::try_from(usize::from(first_port) + k).context("source ports run out")?;
             let started = Instant::now();
-            let stream = TcpStream::connect_timeout(&target, CONNECT_TIMEOUT)
-                .map_err(|error| anyhow::anyhow!("connect {} of {count} to {target}: {error}", samples.len() + 1))?;
+            let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            socket.set_reuse_address(true)?;
+            socket.bind(&SocketAddr::from(([0, 0, 0, 0], port)).into())?;
+            socket
+                .connect_timeout(&target.into(), CONNECT_TIMEOUT)
+                .map_err(|error| anyhow::anyhow!("connect {} of {count} to {target}: {error}", k + 1))?;
             samples.push(started.elapsed());
-            drop(stream);
+            drop(socket);
         }
         Ok(samples)
     })?
@@ -219,9 +235,12 @@ pub fn connect_latency(
 ) -> anyhow::Result<ConnectLatency> {
     let (mut through, mut straight) = (Vec::new(), Vec::new());
     let per_round = count.div_ceil(rounds).max(1);
-    for _ in 0..rounds {
-        through.extend(connects(lab, pod, service, per_round)?);
-        straight.extend(connects(lab, pod, direct, per_round)?);
+    anyhow::ensure!(per_round * rounds <= 12_000, "at most 12000 connects per path");
+    for round in 0..rounds {
+        // Source ports 20000-31999 through the Service, 40000-51999 straight to the pod.
+        let offset = u16::try_from(round * per_round)?;
+        through.extend(connects(lab, pod, service, per_round, 20_000 + offset)?);
+        straight.extend(connects(lab, pod, direct, per_round, 40_000 + offset)?);
     }
     Ok(ConnectLatency {
         service: (percentile(&mut through, 0.5), percentile(&mut through, 0.99)),
