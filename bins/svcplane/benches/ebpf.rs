@@ -10,9 +10,11 @@
 //! throughput through the ClusterIP in eBPF mode and in nftables mode, each as a ratio to
 //! the same client reaching the same pod directly. See `docs/benchmarks.md`.
 
+mod common;
+
 use std::fmt::Write as _;
-use std::io::{Read, Write as _};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -20,23 +22,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use common::{
+    LAB_SERVICE_IP, add_lab_service, connects, endpoint_change, median, node_config, percentile, serve, show,
+    synthetic, time,
+};
 use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions, MapSizes};
 use svcplane_backend_nftables::NftablesBackend;
-use svcplane_core::{
-    Change, ClusterState, Dataplane, Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, NodeConfig,
-    NodePlan, PlanDiff, Protocol, Service, ServicePort,
-};
+use svcplane_core::{Dataplane, NodePlan, PlanDiff};
 use svcplane_nft::NftNetlink;
 use svcplane_testbed::Lab;
-
-const CLUSTER_CIDR: &str = "198.18.128.0/17";
-const CLUSTER_CIDR_V6: &str = "2001:db8:1::/48";
-/// IPv4 ClusterIPs for the first Services, IPv6 above (198.19.0.0/16 holds 65k).
-const V4_SERVICES: usize = 60_000;
-const POD_ADDRESSES: u32 = 32_000;
-const TARGET_PORT: u16 = 8080;
-/// The ClusterIP of the Service the lab connects through.
-const LAB_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 250);
 
 #[derive(Debug)]
 struct Args {
@@ -87,77 +81,6 @@ fn parse_args() -> anyhow::Result<Args> {
     ensure!((1..=20_000).contains(&args.connects), "--connects: 1..=20000");
     ensure!((1..=4096).contains(&args.bulk_mib), "--bulk-mib: 1..=4096");
     Ok(args)
-}
-
-// ---------------------------------------------------------------------------------------
-// Fixed inputs: S ClusterIP Services x E ready endpoints spread over 10 nodes.
-
-fn service_ip(s: usize) -> IpAddr {
-    if s < V4_SERVICES {
-        IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + s as u32 + 1))
-    } else {
-        IpAddr::V6(Ipv6Addr::from(u128::from(Ipv6Addr::new(0x2001, 0xdb8, 0xf, 0, 0, 0, 0, 0)) + s as u128))
-    }
-}
-
-fn pod_ip(s: usize, e: usize, endpoints: usize, family: IpFamily) -> IpAddr {
-    let index = (s * endpoints + e) as u32 % POD_ADDRESSES + 1;
-    match family {
-        IpFamily::V4 => IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 128, 0)) + index)),
-        IpFamily::V6 => IpAddr::V6(Ipv6Addr::from(
-            u128::from(Ipv6Addr::new(0x2001, 0xdb8, 1, 0xff, 0, 0, 0, 0)) + u128::from(index),
-        )),
-    }
-}
-
-fn tcp_port(name: &str, port: u16) -> ServicePort {
-    ServicePort { name: name.into(), protocol: Protocol::Tcp, port, node_port: None }
-}
-
-fn slice(service: &NamespacedName, family: IpFamily, addresses: &[IpAddr]) -> EndpointSlice {
-    EndpointSlice {
-        last_change_trigger: None,
-        name: NamespacedName::new(&service.namespace, format!("{}-slice", service.name)),
-        service: service.clone(),
-        family,
-        ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: TARGET_PORT }],
-        endpoints: addresses.iter().map(|ip| Endpoint::ready(*ip, Some("node2"))).collect(),
-    }
-}
-
-/// The synthetic cluster: `services` Services, each with `endpoints` endpoints.
-fn synthetic(services: usize, endpoints: usize) -> ClusterState {
-    let mut state = ClusterState::new();
-    for s in 0..services {
-        let name = NamespacedName::new("bench", format!("svc-{s}"));
-        let ip = service_ip(s);
-        let family = IpFamily::of(&ip);
-        state.apply(Change::ServiceUpserted(Service::cluster_ip(name.clone(), vec![ip], vec![tcp_port("http", 80)])));
-        let addresses: Vec<IpAddr> = (0..endpoints).map(|e| pod_ip(s, e, endpoints, family)).collect();
-        state.apply(Change::SliceUpserted(slice(&name, family, &addresses)));
-    }
-    state
-}
-
-fn node_config(node_ips: Vec<IpAddr>) -> NodeConfig {
-    NodeConfig {
-        node_name: "node1".into(),
-        node_ips,
-        cluster_cidrs: vec![CLUSTER_CIDR.parse().unwrap(), CLUSTER_CIDR_V6.parse().unwrap()],
-        ..NodeConfig::default()
-    }
-}
-
-/// Moves endpoint 0 of Service `s` to a fresh address: one EndpointSlice event.
-fn endpoint_change(state: &mut ClusterState, s: usize, endpoints: usize, round: usize) {
-    let name = NamespacedName::new("bench", format!("svc-{s}"));
-    let family = IpFamily::of(&service_ip(s));
-    let mut addresses: Vec<IpAddr> = (0..endpoints).map(|e| pod_ip(s, e, endpoints, family)).collect();
-    addresses[0] = match family {
-        IpFamily::V4 => IpAddr::V4(Ipv4Addr::new(198, 18, 254, (round % 250) as u8 + 1)),
-        IpFamily::V6 => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 1, 0xfe, 0, 0, 0, round as u16 + 1)),
-    };
-    state.apply(Change::SliceUpserted(slice(&name, family, &addresses)));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -225,28 +148,6 @@ fn sizes_for(services: usize, endpoints: usize) -> MapSizes {
 
 // ---------------------------------------------------------------------------------------
 // Measurements
-
-fn time<T>(f: impl FnOnce() -> T) -> (Duration, T) {
-    let started = Instant::now();
-    let value = f();
-    (started.elapsed(), value)
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
-fn percentile(samples: &mut [Duration], p: f64) -> Duration {
-    samples.sort();
-    let index = ((samples.len() as f64 - 1.0) * p).round() as usize;
-    samples[index]
-}
-
-fn show(d: Duration) -> String {
-    let micros = d.as_secs_f64() * 1e6;
-    if micros < 1000.0 { format!("{micros:.0} µs") } else { format!("{:.2} ms", micros / 1000.0) }
-}
 
 #[derive(Debug, Default)]
 struct Table {
@@ -373,45 +274,6 @@ fn run_size(args: &Args, size: usize, out: &mut String) -> anyhow::Result<()> {
 // ---------------------------------------------------------------------------------------
 // Connections through a ClusterIP in a one-node lab.
 
-/// A TCP server in a pod: accepts and counts bytes until the stop flag.
-fn serve(lab: &Lab, pod: &str, stop: Arc<AtomicBool>) -> anyhow::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
-    let namespace = lab.pod(pod).namespace_name();
-    let listener = lab.run_in(namespace, || TcpListener::bind(("0.0.0.0", TARGET_PORT)))??;
-    listener.set_nonblocking(true)?;
-    let address = SocketAddr::new(IpAddr::V4(lab.pod(pod).ip_v4()), TARGET_PORT);
-    let handle = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(600);
-        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-            match listener.accept() {
-                Ok((mut stream, _)) => {
-                    let _ = stream.set_nonblocking(false);
-                    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
-                    std::thread::spawn(move || {
-                        let mut buffer = vec![0u8; 1 << 16];
-                        while matches!(stream.read(&mut buffer), Ok(n) if n > 0) {}
-                    });
-                }
-                Err(_) => std::thread::sleep(Duration::from_micros(200)),
-            }
-        }
-    });
-    Ok((address, handle))
-}
-
-/// `count` connects from `pod` to `target` (connect completed, then closed), timed.
-fn connects(lab: &Lab, pod: &str, target: SocketAddr, count: usize) -> anyhow::Result<Vec<Duration>> {
-    lab.run_in(pod, || -> anyhow::Result<Vec<Duration>> {
-        let mut samples = Vec::with_capacity(count);
-        for _ in 0..count {
-            let started = Instant::now();
-            let stream = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
-            samples.push(started.elapsed());
-            drop(stream);
-        }
-        Ok(samples)
-    })?
-}
-
 /// Bytes per second of one TCP stream of `mib` MiB from `pod` to `target`.
 fn throughput(lab: &Lab, pod: &str, target: SocketAddr, mib: usize) -> anyhow::Result<f64> {
     let took = lab.run_in(pod, || -> anyhow::Result<Duration> {
@@ -441,9 +303,13 @@ const ROUNDS: usize = 4;
 fn paired(lab: &Lab, pod: &str, service: SocketAddr, direct: SocketAddr, args: &Args) -> anyhow::Result<Paired> {
     let (mut through, mut straight) = (Vec::new(), Vec::new());
     let (mut service_stream, mut direct_stream) = (0f64, 0f64);
-    for _ in 0..ROUNDS {
-        through.extend(connects(lab, pod, service, args.connects / ROUNDS)?);
-        straight.extend(connects(lab, pod, direct, args.connects / ROUNDS)?);
+    let per_round = args.connects / ROUNDS;
+    ensure!(per_round * ROUNDS <= 12_000, "--connects: at most 12000 per path");
+    for round in 0..ROUNDS {
+        // Source ports of each path's own (see `common::connects`).
+        let offset = u16::try_from(round * per_round)?;
+        through.extend(connects(lab, pod, service, per_round, 20_000 + offset)?);
+        straight.extend(connects(lab, pod, direct, per_round, 40_000 + offset)?);
         service_stream = service_stream.max(throughput(lab, pod, service, args.bulk_mib / ROUNDS)?);
         direct_stream = direct_stream.max(throughput(lab, pod, direct, args.bulk_mib / ROUNDS)?);
     }
@@ -457,13 +323,7 @@ fn paired(lab: &Lab, pod: &str, service: SocketAddr, direct: SocketAddr, args: &
 
 fn lab_plan(others: usize, lab: &Lab, server: SocketAddr) -> NodePlan {
     let mut state = synthetic(others, 10);
-    let name = NamespacedName::new("bench", "target");
-    state.apply(Change::ServiceUpserted(Service::cluster_ip(
-        name.clone(),
-        vec![IpAddr::V4(LAB_SERVICE_IP)],
-        vec![tcp_port("http", 80)],
-    )));
-    state.apply(Change::SliceUpserted(slice(&name, IpFamily::V4, &[server.ip()])));
+    add_lab_service(&mut state, server);
     let node = lab.node(1);
     NodePlan::build(&state, node_config(node.ips().to_vec()))
 }

@@ -8,6 +8,9 @@
 //! or `SVCPLANE_REQUIRE_GUEST=1` is set. Inside the guest every lab is made of network
 //! namespaces the test creates and deletes, as on the host.
 
+// The IPVS benchmark's harness (benches/common), smoke-tested here on a few Services.
+#[path = "../benches/common/mod.rs"]
+mod bench_common;
 mod scenarios;
 
 use std::time::Duration;
@@ -73,6 +76,7 @@ const GUEST_TESTS: &[&str] = &[
     "sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_legacy_backend",
     "sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend",
     "ipvs_mode_passes_the_static_scenario_tables_in_the_guest_but_the_rows_listed_as_not_yet",
+    "the_ipvs_benchmark_harness_programs_changes_reads_back_and_connects_in_every_mode",
 ];
 
 /// How long the proxies get to program the fixture in the guest: their first full sync
@@ -252,4 +256,34 @@ fn cleanup_removes_what_ipvs_mode_programmed(cluster: &mut Cluster) {
         let left: Vec<&str> = text.lines().filter(|line| line.contains("KUBE-")).collect();
         assert!(left.is_empty(), "{save}: cleanup left {left:#?}");
     }
+}
+
+/// The harness of `benches/ipvs.rs` (scripts/bench-ipvs) on 10 Services: each of svcplane's
+/// modes programs them cold in a fresh lab, takes two endpoint changes, reads them back
+/// from the kernel (the harness fails when a Service or a moved endpoint is missing), and
+/// connects through the ClusterIP and straight to the pod. The benchmark's own sizes and
+/// the API-server part run only with scripts/bench-ipvs.
+#[test]
+#[ignore = "needs the guest kernel (scripts/in-guest)"]
+fn the_ipvs_benchmark_harness_programs_changes_reads_back_and_connects_in_every_mode() {
+    let test = "the_ipvs_benchmark_harness_programs_changes_reads_back_and_connects_in_every_mode";
+    if !guest::guest_only(test, HOST_TEST) || !svcplane_testbed::can_run_real_kernel_tests(test) {
+        return;
+    }
+    load_node_modules();
+    if let Err(error) = guest::load_modules(bench_common::modes::IPVS_MODULES) {
+        panic!("loading the IPVS modules in the guest: {error}");
+    }
+    let started = std::time::Instant::now();
+    for mode in bench_common::modes::Mode::ALL {
+        let options = bench_common::modes::Options { services: 10, endpoints: 3, changes: 2, connects: 20 };
+        let measured = bench_common::modes::measure(mode, options)
+            .unwrap_or_else(|error| panic!("{} mode: {error:#}", mode.name()));
+        eprintln!("{measured:?}");
+        assert_eq!(measured.changes, 2);
+        assert!(measured.cold > Duration::ZERO && measured.change_max >= measured.change_median, "{measured:?}");
+        let connect = measured.connect.unwrap_or_else(|| panic!("{} mode: no connects measured", mode.name()));
+        assert!(connect.service.1 >= connect.service.0 && connect.direct.1 >= connect.direct.0, "{connect:?}");
+    }
+    eprintln!("the benchmark harness in every mode took {:?}", started.elapsed());
 }

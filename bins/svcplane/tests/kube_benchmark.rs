@@ -23,19 +23,15 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
+use kube_support::bench::{ENDPOINTS_PER_SERVICE, create_bulk, peak_rss_kib, until_answered};
 use kube_support::{CLUSTER_CIDRS, KubeLab, cluster_ip_v4, echo_service, echo_slice};
 use svcplane_control_plane::{UpstreamBinaries, binaries_for_test};
 use svcplane_testbed::Lab;
 
-const ENDPOINTS_PER_SERVICE: usize = 10;
-const CREATE_CONCURRENCY: usize = 32;
 const MARKER: &str = "marker";
-const PROBE_INTERVAL: Duration = Duration::from_millis(10);
-const PROBE_TIMEOUT: Duration = Duration::from_millis(50);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Proxy {
@@ -121,15 +117,8 @@ fn stop_and_clean(kube: &KubeLab, proxy: Proxy) {
     let _ = kube.lab.exec(&namespace, &cleanup);
 }
 
-fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// Waits until `pod` answers on `target` from each proxy's node; the time each took. Each
-/// node is probed from a thread of its own, so a slow node never delays the other's probes;
-/// a probe waits at most 50 ms (the lab's round trips take well under one).
+/// node is probed from a thread of its own, so a slow node never delays the other's probes.
 fn until_answered_by(
     kube: &KubeLab,
     target: SocketAddr,
@@ -141,60 +130,11 @@ fn until_answered_by(
         let waiting = Proxy::BOTH.map(|proxy| {
             scope.spawn(move || {
                 let namespace = kube.lab.node(proxy.node()).namespace_name();
-                while from.elapsed() < limit {
-                    if let Ok(reply) = kube.lab.tcp_request(namespace, target, PROBE_TIMEOUT)
-                        && reply.server_name == pod
-                    {
-                        return Some(from.elapsed());
-                    }
-                    std::thread::sleep(PROBE_INTERVAL);
-                }
-                None
+                until_answered(kube, namespace, target, pod, limit, from)
             })
         });
         waiting.map(|handle| handle.join().expect("a probing thread"))
     })
-}
-
-fn bulk_service(index: usize) -> (Service, EndpointSlice) {
-    let name = format!("svc-{index:05}");
-    let mut service = echo_service(&name, false, &[]);
-    if let Some(spec) = service.spec.as_mut() {
-        spec.ip_family_policy = Some("SingleStack".into());
-    }
-    let endpoints: Vec<(IpAddr, &str)> = (0..ENDPOINTS_PER_SERVICE)
-        .map(|e| {
-            let k = (index * ENDPOINTS_PER_SERVICE + e) % 25_000;
-            let ip: IpAddr = format!("198.18.{}.{}", 140 + k / 250, k % 250 + 1).parse().unwrap();
-            (ip, if e % 2 == 0 { "node1" } else { "node2" })
-        })
-        .collect();
-    let slice = echo_slice(&format!("{name}-1"), &name, &endpoints, &[]);
-    (service, slice)
-}
-
-fn create_bulk(kube: &KubeLab, services: usize) {
-    let client = kube.client.client();
-    kube.client.run(async move {
-        let services_api = Api::<Service>::namespaced(client.clone(), "default");
-        let slices_api = Api::<EndpointSlice>::namespaced(client, "default");
-        let results: Vec<Result<(), kube::Error>> = futures::stream::iter(0..services)
-            .map(|index| {
-                let (services_api, slices_api) = (services_api.clone(), slices_api.clone());
-                async move {
-                    let (service, slice) = bulk_service(index);
-                    services_api.create(&PostParams::default(), &service).await?;
-                    slices_api.create(&PostParams::default(), &slice).await?;
-                    Ok(())
-                }
-            })
-            .buffer_unordered(CREATE_CONCURRENCY)
-            .collect()
-            .await;
-        for result in results {
-            result.expect("creating a Service and its slice");
-        }
-    });
 }
 
 fn run_size(binaries: &UpstreamBinaries, services: usize, limit: Duration) -> Results {

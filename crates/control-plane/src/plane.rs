@@ -19,6 +19,18 @@ const ETCD_PORT: u16 = 2379;
 const ETCD_PEER_PORT: u16 = 2380;
 /// A cold kube-apiserver on two busy cores needs well over envtest's 20 s.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Inside the emulated guest kernel (`scripts/in-guest`) it needs about two minutes.
+const READY_TIMEOUT_IN_GUEST: Duration = Duration::from_secs(600);
+
+/// How long a component gets to become ready: [`READY_TIMEOUT`], or
+/// [`READY_TIMEOUT_IN_GUEST`] where `SVCPLANE_IN_GUEST=1` (set by `scripts/in-guest`).
+fn ready_timeout() -> Duration {
+    if std::env::var_os("SVCPLANE_IN_GUEST").is_some_and(|value| value == "1") {
+        READY_TIMEOUT_IN_GUEST
+    } else {
+        READY_TIMEOUT
+    }
+}
 const POLL: Duration = Duration::from_millis(250);
 
 /// Where and how to run the control plane.
@@ -366,7 +378,7 @@ impl ControlPlane {
         let namespace = self.config.namespace.clone();
         let (_, log) = self.spawn("kube-controller-manager", &namespace, "kube-controller-manager", &args)?;
         let started = Instant::now();
-        while started.elapsed() < READY_TIMEOUT {
+        while started.elapsed() < ready_timeout() {
             self.check_running("kube-controller-manager")?;
             if self.curl_ok(&namespace, &["-k", "https://127.0.0.1:10257/healthz"]) {
                 return Ok(log);
@@ -375,7 +387,7 @@ impl ControlPlane {
         }
         Err(ControlPlaneError::NotReady {
             what: "kube-controller-manager".into(),
-            after: READY_TIMEOUT,
+            after: ready_timeout(),
             log: log.clone(),
             tail: tail(&log),
         })
@@ -413,7 +425,7 @@ impl ControlPlane {
 
     fn wait_until(&self, process: &mut Upstream, ready: impl Fn(&Self) -> bool) -> Result<(), ControlPlaneError> {
         let started = Instant::now();
-        while started.elapsed() < READY_TIMEOUT {
+        while started.elapsed() < ready_timeout() {
             process.check_running()?;
             if ready(self) {
                 return Ok(());
@@ -422,7 +434,7 @@ impl ControlPlane {
         }
         Err(ControlPlaneError::NotReady {
             what: process.what.clone(),
-            after: READY_TIMEOUT,
+            after: ready_timeout(),
             log: process.log.clone(),
             tail: process.log_tail(),
         })

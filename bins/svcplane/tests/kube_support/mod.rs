@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use svcplane_control_plane::{ControlPlane, ControlPlaneConfig, NetnsClient, UpstreamBinaries, objects};
 use svcplane_testbed::Lab;
 
+pub mod bench;
 pub mod deploy;
 
 /// The API server's address on the lab LAN.

@@ -1,0 +1,243 @@
+//! svcplane's kernel modes side by side on one input: IPVS (`--mode ipvs`), nftables
+//! (`--mode nftables`, netlink) and iptables (`--mode iptables --iptables-backend nft`).
+//!
+//! For each mode, a fresh one-node lab (a node namespace with a server pod and a client
+//! pod): the plan of S synthetic ClusterIP Services x E endpoints plus one Service whose
+//! endpoint is the server pod; a cold full sync into the node's fresh namespace; one
+//! endpoint change at a time (`plan.update` and a sync), different Services each; both
+//! read back from the kernel (outside the timings); then TCP connects from the client pod
+//! through the ClusterIP and straight to the server. The lab is deleted afterwards, so
+//! each mode starts from an empty kernel.
+//!
+//! Used by `benches/ipvs.rs` (the real sizes, in the guest kernel) and by the guest batch
+//! (`tests/guest_kernel.rs`), which runs it on a few Services as a smoke test.
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use svcplane_backend_iptables::IptablesBackend;
+use svcplane_backend_ipvs::{IpvsBackend, IpvsConfig};
+use svcplane_backend_nftables::NftablesBackend;
+use svcplane_core::{Dataplane, IpFamily, NodePlan, PlanDiff};
+use svcplane_iptables::{IptablesCli, Variant};
+use svcplane_nft::NftNetlink;
+use svcplane_testbed::Lab;
+
+use super::{
+    ConnectLatency, LAB_SERVICE_IP, TARGET_PORT, add_lab_service, connect_latency, endpoint_change, median,
+    moved_address, node_config, percentile, serve, service_ip, synthetic, time,
+};
+
+/// The kernel modules IPVS mode needs loaded: the kernel does not autoload `ip_vs` for
+/// generic netlink.
+pub const IPVS_MODULES: &[&str] = &["ip_vs", "ip_vs_rr"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Ipvs,
+    Nftables,
+    Iptables,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 3] = [Mode::Ipvs, Mode::Nftables, Mode::Iptables];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Ipvs => "ipvs",
+            Mode::Nftables => "nftables",
+            Mode::Iptables => "iptables",
+        }
+    }
+
+    /// How the mode is spelled on svcplane's command line.
+    pub fn flags(self) -> &'static str {
+        match self {
+            Mode::Ipvs => "`--mode ipvs --iptables-backend nft`",
+            Mode::Nftables => "`--mode nftables` (netlink)",
+            Mode::Iptables => "`--mode iptables --iptables-backend nft`",
+        }
+    }
+
+    pub fn parse(name: &str) -> anyhow::Result<Mode> {
+        Mode::ALL
+            .into_iter()
+            .find(|mode| mode.name() == name)
+            .with_context(|| format!("unknown mode {name:?} (ipvs, nftables, iptables)"))
+    }
+}
+
+/// What to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub services: usize,
+    pub endpoints: usize,
+    /// Endpoint changes, one at a time, each to another Service.
+    pub changes: usize,
+    /// Connects through the ClusterIP and as many straight to the pod; 0 skips them.
+    pub connects: usize,
+}
+
+/// One mode's measurements.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub mode: Mode,
+    pub services: usize,
+    pub cold: Duration,
+    pub change_median: Duration,
+    pub change_max: Duration,
+    pub changes: usize,
+    /// What the kernel held after the changes, read back.
+    pub read_back: String,
+    pub connect: Option<ConnectLatency>,
+}
+
+/// Measures `mode` in a lab of its own (see the module's header).
+pub fn measure(mode: Mode, options: Options) -> anyhow::Result<Measured> {
+    ensure!(options.services > 0 && options.endpoints > 0, "at least one Service and one endpoint");
+    ensure!((1..=250).contains(&options.changes), "1..=250 changes");
+    let lab = Lab::builder().nodes(1).pod(1, "server").pod(1, "client").build()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let result = measure_in(&lab, mode, options, Arc::clone(&stop));
+    stop.store(true, Ordering::Relaxed);
+    let torn_down = lab.teardown();
+    let measured = result?;
+    torn_down?;
+    Ok(measured)
+}
+
+fn measure_in(lab: &Lab, mode: Mode, options: Options, stop: Arc<AtomicBool>) -> anyhow::Result<Measured> {
+    let (server, _server_thread) = serve(lab, "server", stop)?;
+    let mut state = synthetic(options.services, options.endpoints);
+    add_lab_service(&mut state, server);
+    let mut plan = NodePlan::build(&state, node_config(lab.node(1).ips().to_vec()));
+    state.take_changes();
+    ensure!(plan.service_ports.len() == options.services + 1, "expected {} service ports", options.services + 1);
+    let node = lab.node(1).namespace_name().to_owned();
+
+    // Everything that touches the kernel runs on one thread inside the node's namespace:
+    // IPVS mode works on the calling thread's namespace, and the iptables programs it and
+    // the iptables mode start inherit it.
+    let programmed = lab.run_in(&node, || -> anyhow::Result<(Duration, Vec<Duration>, String)> {
+        let mut backend: Box<dyn Dataplane> = match mode {
+            Mode::Ipvs => Box::new(IpvsBackend::new(IpvsConfig::default(), IptablesCli::new(Variant::Nft))),
+            Mode::Nftables => Box::new(NftablesBackend::new(NftNetlink::in_network_namespace(&node)?)),
+            Mode::Iptables => Box::new(IptablesBackend::new(IptablesCli::new(Variant::Nft))),
+        };
+        let (cold, synced) = time(|| backend.sync(&plan, &PlanDiff::default()));
+        synced.map_err(|error| anyhow::anyhow!("{} cold sync: {error}", mode.name()))?;
+        check_programmed(mode, options.services, &[]).context("after the cold sync")?;
+
+        let mut changes = Vec::new();
+        let mut moved = Vec::new();
+        for k in 0..options.changes {
+            let s = k * options.services / options.changes;
+            let (took, synced) = time(|| {
+                endpoint_change(&mut state, s, options.endpoints, k);
+                let changed = state.take_changes();
+                let diff = plan.update(&state, &changed);
+                backend.sync(&plan, &diff)
+            });
+            synced.map_err(|error| anyhow::anyhow!("{} sync of change {k}: {error}", mode.name()))?;
+            changes.push(took);
+            moved.push((s, moved_address(IpFamily::of(&service_ip(s)), k)));
+        }
+        let read_back = check_programmed(mode, options.services, &moved).context("after the endpoint changes")?;
+        Ok((cold, changes, read_back))
+    })??;
+    let (cold, mut changes, read_back) = programmed;
+
+    let connect = if options.connects > 0 {
+        let client = lab.pod("client").namespace_name().to_owned();
+        let service = SocketAddr::new(IpAddr::V4(LAB_SERVICE_IP), 80);
+        Some(connect_latency(lab, &client, service, server, options.connects, 4)?)
+    } else {
+        None
+    };
+    Ok(Measured {
+        mode,
+        services: options.services,
+        cold,
+        change_median: median(changes.clone()),
+        change_max: percentile(&mut changes, 1.0),
+        changes: options.changes,
+        read_back,
+        connect,
+    })
+}
+
+/// Reads the kernel's state back (on the calling thread's namespace): every Service is
+/// there (the last synthetic one and the lab's), and each `(service, address)` of `moved`
+/// has `address` as an endpoint. Returns a one-line description of what is there.
+fn check_programmed(mode: Mode, services: usize, moved: &[(usize, IpAddr)]) -> anyhow::Result<String> {
+    let last = service_ip(services - 1);
+    match mode {
+        Mode::Ipvs => {
+            let table = svcplane_ipvs::Ipvs::new()?.table()?;
+            let virtual_services = table.len();
+            let real_servers: usize = table.iter().map(|entry| entry.destinations.len()).sum();
+            ensure!(
+                virtual_services == services + 1,
+                "{virtual_services} virtual services in the kernel, expected {}",
+                services + 1
+            );
+            for address in [last, IpAddr::V4(LAB_SERVICE_IP)] {
+                ensure!(
+                    table.iter().any(|entry| entry.service.key.address == address),
+                    "no virtual service for {address}"
+                );
+            }
+            for (s, address) in moved {
+                let entry = table
+                    .iter()
+                    .find(|entry| entry.service.key.address == service_ip(*s))
+                    .with_context(|| format!("no virtual service for {}", service_ip(*s)))?;
+                ensure!(
+                    entry.destinations.values().any(|destination| destination.address == *address),
+                    "{address} is not a real server of {}",
+                    service_ip(*s)
+                );
+            }
+            Ok(format!("{virtual_services} virtual services, {real_servers} real servers"))
+        }
+        Mode::Nftables | Mode::Iptables => {
+            let (program, args): (&str, &[&str]) = match mode {
+                Mode::Nftables => ("nft", &["list", "table", "ip", "svcplane"]),
+                _ => ("iptables-nft-save", &["-t", "nat"]),
+            };
+            let output = Command::new(program).args(args).output().with_context(|| format!("running {program}"))?;
+            ensure!(output.status.success(), "{program}: {}", String::from_utf8_lossy(&output.stderr));
+            let text = String::from_utf8(output.stdout)?;
+            for address in [last, IpAddr::V4(LAB_SERVICE_IP)] {
+                ensure!(text.contains(&address.to_string()), "{address} is not in the kernel's rules");
+            }
+            for (s, address) in moved {
+                let target = format!("{address}:{TARGET_PORT}");
+                ensure!(text.contains(&target), "{target} (Service {}) is not in the kernel's rules", service_ip(*s));
+            }
+            let what =
+                if mode == Mode::Nftables { "lines in table ip svcplane" } else { "lines of iptables-save -t nat" };
+            Ok(format!("{} {what}", text.lines().count()))
+        }
+    }
+}
+
+/// Loads the IPVS modules, then programs, changes and reads back every mode once on two
+/// Services, untimed: the kernel modules each mode's rules need get loaded here (one
+/// `modprobe` at a time when autoloaded, slow under emulation) rather than inside the
+/// first measurement.
+pub fn warm_up(modes: &[Mode]) -> anyhow::Result<()> {
+    if modes.contains(&Mode::Ipvs) {
+        svcplane_testbed::guest::load_modules(IPVS_MODULES)
+            .map_err(|error| anyhow::anyhow!("loading the IPVS modules: {error}"))?;
+    }
+    for &mode in modes {
+        measure(mode, Options { services: 2, endpoints: 2, changes: 1, connects: 4 })
+            .with_context(|| format!("warming up {} mode", mode.name()))?;
+    }
+    Ok(())
+}
