@@ -15,7 +15,7 @@ mod scenarios;
 
 use std::time::Duration;
 
-use scenarios::cluster::{Backend, Cluster, THIS_NODE};
+use scenarios::cluster::{Backend, Cluster};
 use scenarios::manifests::ECHO_PORT;
 use scenarios::{ALL_ECHO_PODS, Protocol, check_rows};
 use svcplane_testbed::guest;
@@ -227,35 +227,12 @@ fn ipvs_mode_passes_the_static_scenario_tables_in_the_guest_but_the_rows_listed_
     }
     let rows = ipvs_rows();
     assert!(rows.iter().any(|row| row.protocol == Protocol::Sctp), "an SCTP row is among them");
-    let mut cluster = Cluster::builder(IPVS)
+    let cluster = Cluster::builder(IPVS)
         .line_servers(Protocol::Sctp, ECHO_PORT, ALL_ECHO_PODS)
         .programmed_within(PROGRAMMED_IN_GUEST_WITHIN)
         .start();
     check_rows(&cluster, &rows);
-    cleanup_removes_what_ipvs_mode_programmed(&mut cluster);
     cluster.teardown();
-}
-
-/// `svcplane cleanup` on a node that ran ipvs mode: no virtual service, no `kube-ipvs0`, no
-/// set and no chain of the mode is left.
-fn cleanup_removes_what_ipvs_mode_programmed(cluster: &mut Cluster) {
-    let node = cluster.lab().node(THIS_NODE).namespace_name().to_owned();
-    let before = cluster.lab().exec_ok(&node, &["ipset", "list", "-n"]).expect("ipset list");
-    assert!(before.lines().any(|name| name == "KUBE-CLUSTER-IP"), "ipvs mode made its sets: {before}");
-    cluster.stop_proxy(THIS_NODE);
-    let lab = cluster.lab();
-    lab.exec_ok(&node, &[env!("CARGO_BIN_EXE_svcplane"), "cleanup"]).expect("svcplane cleanup");
-    let services = lab.exec_ok(&node, &["cat", "/proc/net/ip_vs"]).expect("reading the IPVS table");
-    assert!(!services.lines().any(|line| line.starts_with("TCP") || line.starts_with("UDP")), "{services}");
-    let links = lab.exec_ok(&node, &["ip", "-o", "link"]).expect("ip link");
-    assert!(!links.contains("kube-ipvs0"), "{links}");
-    let sets = lab.exec_ok(&node, &["ipset", "list", "-n"]).expect("ipset list");
-    assert!(!sets.lines().any(|name| name.starts_with("KUBE-")), "sets left: {sets}");
-    for save in ["iptables-nft-save", "ip6tables-nft-save"] {
-        let text = lab.exec_ok(&node, &[save]).expect("iptables-save");
-        let left: Vec<&str> = text.lines().filter(|line| line.contains("KUBE-")).collect();
-        assert!(left.is_empty(), "{save}: cleanup left {left:#?}");
-    }
 }
 
 /// The harness of `benches/ipvs.rs` (scripts/bench-ipvs) on 10 Services: each of svcplane's
