@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use svcplane_nft::{
     ChainType, CmpOp, DataType, ErrorKind, Expr, Fault, FaultSource, FibAddress, Hook, Match, NftCli, NftError,
-    NftNetlink, Nftables, Operation, Set, Statement, TableName, Transaction, Value, Verdict,
+    NftNetlink, Nftables, Operation, Set, Statement, TableName, Transaction, Value,
 };
 
 mod support;
@@ -347,23 +347,8 @@ fn cluster_sized(services: u32, endpoints: u32) -> Transaction {
                 },
             ],
         ),
-        rule(
-            "masquerading",
-            vec![
-                in_set(vec![Expr::SourceAddress, Expr::DestinationAddress], false, "hairpin-endpoints"),
-                Statement::SetMarkBits(0x4000),
-            ],
-        ),
-        rule(
-            "masquerading",
-            vec![
-                Statement::Match(Match::MarkMasked { mask: 0x4000, op: CmpOp::Eq, value: 0 }),
-                Statement::Verdict(Verdict::Return),
-            ],
-        ),
-        rule("masquerading", vec![Statement::ToggleMarkBits(0x4000)]),
-        rule("masquerading", vec![Statement::Masquerade { fully_random: true }]),
     ];
+    operations.extend(masquerading_rules("hairpin-endpoints"));
     for service in 0..services {
         let name = service_chain(service);
         operations.push(chain(&name));

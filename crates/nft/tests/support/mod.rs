@@ -189,7 +189,7 @@ pub fn every_addition_ipv4() -> Transaction {
     };
     let dnat_map = set("dnat-targets", vec![ipv4, DataType::InetService], Some(vec![ipv4, DataType::InetService]));
     let service = "svc-ABC-default/web/tcp/http";
-    let operations = vec![
+    let mut operations = vec![
         Operation::AddTable { comment: Some("rules for Kubernetes Services".into()) },
         base_chain("nat-prerouting", ChainType::Nat, Hook::Prerouting, -100),
         base_chain("nat-output", ChainType::Nat, Hook::Output, -100),
@@ -322,22 +322,9 @@ pub fn every_addition_ipv4() -> Transaction {
         rule("endpoint-2", vec![Statement::Dnat { address: "10.1.0.6".parse().unwrap(), port: None }]),
         rule("mark-for-masquerade", vec![Statement::SetMarkBits(0x4000)]),
         rule("nat-postrouting", vec![jump("masquerading")]),
-        rule(
-            "masquerading",
-            vec![
-                in_set(vec![Expr::SourceAddress, Expr::DestinationAddress], false, "pairs"),
-                Statement::SetMarkBits(0x4000),
-            ],
-        ),
-        rule(
-            "masquerading",
-            vec![
-                Statement::Match(Match::MarkMasked { mask: 0x4000, op: CmpOp::Eq, value: 0 }),
-                Statement::Verdict(Verdict::Return),
-            ],
-        ),
-        rule("masquerading", vec![Statement::ToggleMarkBits(0x4000)]),
-        rule("masquerading", vec![Statement::Masquerade { fully_random: true }]),
+    ];
+    operations.extend(masquerading_rules("pairs"));
+    operations.extend([
         rule(
             "masquerading",
             vec![
@@ -438,7 +425,7 @@ pub fn every_addition_ipv4() -> Transaction {
                 Statement::Dnat { address: "10.1.0.5".parse().unwrap(), port: Some(8080) },
             ],
         ),
-    ];
+    ]);
     Transaction { table: ip_table(), operations }
 }
 
@@ -885,5 +872,29 @@ pub fn agreement_rows() -> Vec<(&'static str, Vec<Operation>, Option<ErrorKind>)
         ),
         ("fifteen nested jumps", nested(14), None),
         ("sixteen nested jumps", nested(15), Some(ErrorKind::Invalid)),
+    ]
+}
+
+/// The masquerading chain's rules as svcplane writes them: hairpin pairs in `hairpin_set`
+/// get the mark, unmarked packets return, marked ones have the mark cleared and are
+/// masqueraded.
+pub fn masquerading_rules(hairpin_set: &str) -> Vec<Operation> {
+    vec![
+        rule(
+            "masquerading",
+            vec![
+                in_set(vec![Expr::SourceAddress, Expr::DestinationAddress], false, hairpin_set),
+                Statement::SetMarkBits(0x4000),
+            ],
+        ),
+        rule(
+            "masquerading",
+            vec![
+                Statement::Match(Match::MarkMasked { mask: 0x4000, op: CmpOp::Eq, value: 0 }),
+                Statement::Verdict(Verdict::Return),
+            ],
+        ),
+        rule("masquerading", vec![Statement::ToggleMarkBits(0x4000)]),
+        rule("masquerading", vec![Statement::Masquerade { fully_random: true }]),
     ]
 }
