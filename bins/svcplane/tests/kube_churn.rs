@@ -1,0 +1,414 @@
+//! Benchmark: endpoint churn through a real API server, svcplane against upstream
+//! kube-proxy (nftables mode), each proxy alone on its own lab node, one after the other.
+//!
+//! Input: S selector-less ClusterIP Services with one IPv4 EndpointSlice of 10 ready
+//! endpoints each (`kube_support::bench`), written through the API before any proxy runs,
+//! plus a marker Service whose one endpoint is a lab pod.
+//!
+//! Per proxy: start it cold on its node and wait until the node reaches the marker (every
+//! Service is then programmed), then let it settle, then send R endpoint changes a second
+//! for T seconds: change `j` marks one more endpoint of Service `j`'s slice not ready (a
+//! pod failing its readiness probe, as the EndpointSlice controller would write it; run `k`
+//! takes endpoint `k` down), so no two changes of a run touch the same Service and every
+//! run makes the same changes. `nft monitor` in the node's
+//! namespace stamps every kernel change as it is committed; a change has *propagated* at
+//! the first committed kernel change that names its Service (both proxies name their
+//! per-Service chains `...-<namespace>/<name>/...`) after the change was sent. Reported:
+//! propagation p50 / p99 / max, changes never seen within the limit, the API's own write
+//! latency (so a slow API server shows), and the proxy's peak RSS.
+//!
+//! Proxies: kube-proxy v1.36 `--proxy-mode=nftables` with its defaults (at most one sync a
+//! second), the same with `--iptables-min-sync-period=0s` (its floor for nftables mode),
+//! and `svcplane proxy` (nftables mode over netlink) with its defaults (also at most one
+//! sync a second, as kube-proxy) and with `--min-sync-period=0s`.
+//!
+//! `scripts/k8s/churn` runs the real size (10k Services, 50 changes a second for 60 s,
+//! release build); the plain test here runs the same harness on a small cluster, and fails
+//! if any proxy misses a change, so the harness itself stays tested.
+
+mod kube_support;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, Patch, PatchParams};
+use kube_support::bench::{ENDPOINTS_PER_SERVICE, bulk_service, create_bulk, peak_rss_kib, until_answered};
+use kube_support::{CLUSTER_CIDRS, KubeLab, cluster_ip_v4, echo_service, echo_slice};
+use svcplane_control_plane::{UpstreamBinaries, binaries_for_test};
+use svcplane_testbed::Lab;
+
+const MARKER: &str = "marker";
+/// Quiet time between a proxy's cold start and its churn, so start-up work is over.
+const SETTLE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proxy {
+    KubeProxyDefaults,
+    KubeProxyNoMinSync,
+    Svcplane,
+    SvcplaneNoMinSync,
+}
+
+impl Proxy {
+    const ALL: [Proxy; 4] =
+        [Proxy::KubeProxyDefaults, Proxy::KubeProxyNoMinSync, Proxy::Svcplane, Proxy::SvcplaneNoMinSync];
+
+    fn node(self) -> u16 {
+        match self {
+            Proxy::KubeProxyDefaults => 1,
+            Proxy::KubeProxyNoMinSync => 2,
+            Proxy::Svcplane => 3,
+            Proxy::SvcplaneNoMinSync => 4,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Proxy::KubeProxyDefaults => "kube-proxy v1.36 nftables, defaults",
+            Proxy::KubeProxyNoMinSync => "kube-proxy v1.36 nftables, `--iptables-min-sync-period=0s`",
+            Proxy::Svcplane => "svcplane proxy (nftables, netlink), defaults",
+            Proxy::SvcplaneNoMinSync => "svcplane proxy (nftables, netlink), `--min-sync-period=0s`",
+        }
+    }
+
+    fn process(self) -> String {
+        format!("churn-proxy-node{}", self.node())
+    }
+}
+
+/// The churn of one run.
+#[derive(Debug, Clone, Copy)]
+struct Churn {
+    services: usize,
+    per_second: usize,
+    seconds: u64,
+    /// How long after the last change a change may still propagate.
+    limit: Duration,
+}
+
+impl Churn {
+    fn changes(&self) -> usize {
+        self.per_second * usize::try_from(self.seconds).expect("seconds")
+    }
+}
+
+/// One proxy's figures.
+#[derive(Debug, Default)]
+struct Measured {
+    cold_start: Option<Duration>,
+    /// Propagation of each change that was seen, sorted.
+    propagation: Vec<Duration>,
+    unseen: usize,
+    /// The API server's answer time for each change, sorted.
+    api_write: Vec<Duration>,
+    sent_over: Duration,
+    peak_rss_kib: Option<u64>,
+}
+
+fn start_proxy(kube: &KubeLab, proxy: Proxy) -> u32 {
+    let node = kube.lab.node(proxy.node());
+    let kubeconfig = kube.plane.kubeconfig().display().to_string();
+    let (program, args): (&str, Vec<String>) = match proxy {
+        Proxy::KubeProxyDefaults | Proxy::KubeProxyNoMinSync => {
+            let mut args = vec![
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--hostname-override={}", node.name()),
+                "--proxy-mode=nftables".into(),
+                format!("--cluster-cidr={}", CLUSTER_CIDRS.join(",")),
+                "--conntrack-max-per-core=0".into(),
+                "--conntrack-tcp-timeout-established=0s".into(),
+                "--conntrack-tcp-timeout-close-wait=0s".into(),
+                "--metrics-bind-address=127.0.0.1:10249".into(),
+                "--v=1".into(),
+            ];
+            if proxy == Proxy::KubeProxyNoMinSync {
+                args.push("--iptables-min-sync-period=0s".into());
+            }
+            ("kube-proxy", args)
+        }
+        Proxy::Svcplane | Proxy::SvcplaneNoMinSync => {
+            let mut args: Vec<String> =
+                ["proxy", "--kubeconfig", &kubeconfig, "--node-name", node.name()].map(String::from).to_vec();
+            for cidr in CLUSTER_CIDRS {
+                args.extend(["--cluster-cidr".to_owned(), cidr.to_owned()]);
+            }
+            if proxy == Proxy::SvcplaneNoMinSync {
+                args.push("--min-sync-period=0s".into());
+            }
+            (env!("CARGO_BIN_EXE_svcplane"), args)
+        }
+    };
+    let (pid, _) = kube.plane.spawn(&proxy.process(), node.namespace_name(), program, &args).expect("a proxy");
+    pid
+}
+
+/// `nft monitor` in a node's namespace: every line naming a bulk Service, stamped when read
+/// (nft writes each event as one line, flushed).
+struct KernelMonitor {
+    child: Child,
+    seen: Arc<Mutex<Vec<(Instant, usize)>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The bulk Service a monitor line names (`.../default/svc-01234/...`), if any.
+fn service_named(line: &str) -> Option<usize> {
+    let start = line.find("default/svc-")? + "default/svc-".len();
+    let digits = line.get(start..start + 5)?;
+    digits.parse().ok()
+}
+
+impl KernelMonitor {
+    fn start(namespace: &str) -> KernelMonitor {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", namespace, "nft", "monitor"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nft monitor");
+        let stdout = child.stdout.take().expect("its output");
+        let seen: Arc<Mutex<Vec<(Instant, usize)>>> = Arc::default();
+        let sink = Arc::clone(&seen);
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let at = Instant::now();
+                if let Some(service) = service_named(&line) {
+                    sink.lock().unwrap().push((at, service));
+                }
+            }
+        });
+        KernelMonitor { child, seen, reader: Some(reader) }
+    }
+
+    /// For each service, when the kernel first changed it at or after `since[service]`.
+    fn first_change_after(&self, since: &HashMap<usize, Instant>) -> HashMap<usize, Instant> {
+        let mut first = HashMap::new();
+        for (at, service) in self.seen.lock().unwrap().iter() {
+            if since.get(service).is_some_and(|sent| at >= sent) {
+                first.entry(*service).or_insert(*at);
+            }
+        }
+        first
+    }
+}
+
+impl Drop for KernelMonitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+    }
+}
+
+/// The merge patch that marks endpoints `0..=slot` of bulk Service `index` not ready, as the
+/// EndpointSlice controller writes pods that fail their readiness probe: the run in slot
+/// `slot` takes endpoint `slot` down, the earlier runs having taken down the ones before.
+fn not_ready_patch(index: usize, slot: usize) -> serde_json::Value {
+    let (_, slice) = bulk_service(index);
+    let mut endpoints = serde_json::to_value(&slice.endpoints).expect("endpoints as JSON");
+    for endpoint in 0..=slot {
+        endpoints[endpoint]["conditions"] =
+            serde_json::json!({ "ready": false, "serving": false, "terminating": false });
+    }
+    serde_json::json!({ "endpoints": endpoints })
+}
+
+/// Sends the churn of run `slot`: `churn.per_second` changes a second for `churn.seconds`,
+/// change `j` to Service `j`. Every run changes the same Services in the same order. Each change is its own request, started on its tick whether or
+/// not earlier ones have been answered. Returns when each was sent and how long the API
+/// server took to answer it.
+fn send_churn(kube: &KubeLab, churn: Churn, slot: usize) -> (HashMap<usize, Instant>, Vec<Duration>, Duration) {
+    let client = kube.client.client();
+    let started = Instant::now();
+    let (sent, answered) = kube.client.run(async move {
+        let slices = Api::<EndpointSlice>::namespaced(client, "default");
+        let mut tick = tokio::time::interval(Duration::from_secs(1) / u32::try_from(churn.per_second).unwrap());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let mut tasks = Vec::with_capacity(churn.changes());
+        for j in 0..churn.changes() {
+            tick.tick().await;
+            let index = j;
+            let slices = slices.clone();
+            let patch = not_ready_patch(index, slot);
+            let sent = Instant::now();
+            tasks.push(tokio::spawn(async move {
+                let name = format!("svc-{index:05}-1");
+                slices
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .unwrap_or_else(|e| panic!("marking an endpoint of {name} not ready: {e}"));
+                (index, sent, sent.elapsed())
+            }));
+        }
+        let mut sent = HashMap::new();
+        let mut answered = Vec::new();
+        for task in tasks {
+            let (index, at, took) = task.await.expect("a change");
+            sent.insert(index, at);
+            answered.push(took);
+        }
+        (sent, answered)
+    });
+    (sent, answered, started.elapsed())
+}
+
+fn run_proxy(kube: &KubeLab, proxy: Proxy, churn: Churn, slot: usize, target: SocketAddr) -> Measured {
+    let namespace = kube.lab.node(proxy.node()).namespace_name().to_owned();
+    let started = Instant::now();
+    let pid = start_proxy(kube, proxy);
+    let cold_start = until_answered(kube, &namespace, target, "node1-pod1", Duration::from_secs(600), started);
+    let mut measured = Measured { cold_start, ..Measured::default() };
+    if cold_start.is_none() {
+        measured.unseen = churn.changes();
+        kube.plane.stop(&proxy.process());
+        return measured;
+    }
+    std::thread::sleep(SETTLE);
+    let monitor = KernelMonitor::start(&namespace);
+    // nft monitor subscribes before it prints anything; give it a moment.
+    std::thread::sleep(Duration::from_millis(300));
+    let (sent, mut api_write, sent_over) = send_churn(kube, churn, slot);
+    let deadline = Instant::now() + churn.limit;
+    let mut first_change = monitor.first_change_after(&sent);
+    while first_change.len() < sent.len() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        first_change = monitor.first_change_after(&sent);
+    }
+    drop(monitor);
+    measured.peak_rss_kib = peak_rss_kib(pid);
+    kube.plane.check_running(&proxy.process()).expect("the proxy still runs");
+    kube.plane.stop(&proxy.process());
+    let mut propagation: Vec<Duration> = sent
+        .iter()
+        .filter_map(|(service, at)| first_change.get(service).map(|seen| seen.duration_since(*at)))
+        .collect();
+    propagation.sort();
+    api_write.sort();
+    measured.unseen = sent.len() - propagation.len();
+    measured.propagation = propagation;
+    measured.api_write = api_write;
+    measured.sent_over = sent_over;
+    measured
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> Option<Duration> {
+    if sorted.is_empty() {
+        return None;
+    }
+    // Nearest rank.
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+fn millis(value: Option<Duration>) -> String {
+    value.map_or_else(|| "-".to_owned(), |d| format!("{:.1} ms", d.as_secs_f64() * 1e3))
+}
+
+fn run(binaries: &UpstreamBinaries, churn: Churn) -> Vec<(Proxy, Measured)> {
+    assert!(churn.changes() <= churn.services, "every change of a run needs a Service of its own");
+    assert!(Proxy::ALL.len() <= ENDPOINTS_PER_SERVICE, "every run needs an endpoint of its own");
+    let lab = Lab::builder().nodes(4).pods_per_node(1).build().expect("a lab");
+    lab.start_echo_in_all_pods(kube_support::ECHO_PORT, Path::new(env!("CARGO_BIN_EXE_svcplane"))).expect("echo");
+    let kube = KubeLab::start(binaries, lab);
+    let created = Instant::now();
+    create_bulk(&kube, churn.services);
+    let marker: Service = kube.client.create(&echo_service(MARKER, false, &[])).expect("the marker");
+    let pod = IpAddr::V4(kube.lab.pod("node1-pod1").ip_v4());
+    kube.client.create(&echo_slice("marker-1", MARKER, &[(pod, "node1")], &[])).expect("the marker's slice");
+    eprintln!(
+        "churn: {} Services and their slices written in {:.1} s",
+        churn.services,
+        created.elapsed().as_secs_f64()
+    );
+    let target = SocketAddr::new(cluster_ip_v4(&marker), 80);
+    Proxy::ALL
+        .iter()
+        .enumerate()
+        .map(|(slot, proxy)| {
+            let measured = run_proxy(&kube, *proxy, churn, slot, target);
+            eprintln!("churn: {}: {measured:?}", proxy.label());
+            (*proxy, measured)
+        })
+        .collect()
+}
+
+fn markdown(churn: Churn, all: &[(Proxy, Measured)]) -> String {
+    let mut out = format!(
+        "| {} Services x 10, {} endpoint changes/s for {} s | cold start | propagation p50 | p99 | max | changes not seen within {} s | API write p50 / p99 | sent over | peak RSS |\n",
+        churn.services,
+        churn.per_second,
+        churn.seconds,
+        churn.limit.as_secs()
+    );
+    out.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for (proxy, m) in all {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} of {} | {} / {} | {:.1} s | {} |",
+            proxy.label(),
+            millis(m.cold_start),
+            millis(quantile(&m.propagation, 0.5)),
+            millis(quantile(&m.propagation, 0.99)),
+            millis(m.propagation.last().copied()),
+            m.unseen,
+            m.unseen + m.propagation.len(),
+            millis(quantile(&m.api_write, 0.5)),
+            millis(quantile(&m.api_write, 0.99)),
+            m.sent_over.as_secs_f64(),
+            m.peak_rss_kib.map_or_else(|| "-".to_owned(), |kib| format!("{} MiB", kib / 1024)),
+        );
+    }
+    out
+}
+
+#[test]
+fn the_churn_harness_sees_every_change_reach_each_proxys_kernel_on_a_small_cluster() {
+    let test = "the_churn_harness_sees_every_change_reach_each_proxys_kernel_on_a_small_cluster";
+    let Some(binaries) = binaries_for_test(test) else { return };
+    let churn = Churn { services: 60, per_second: 10, seconds: 2, limit: Duration::from_secs(30) };
+    let all = run(&binaries, churn);
+    eprintln!("{}", markdown(churn, &all));
+    for (proxy, measured) in &all {
+        assert!(measured.cold_start.is_some(), "{} never reached the marker", proxy.label());
+        assert_eq!(measured.unseen, 0, "{}: changes never reached the kernel: {measured:?}", proxy.label());
+        assert_eq!(measured.propagation.len(), churn.changes(), "{}", proxy.label());
+    }
+}
+
+/// `scripts/k8s/churn`: 10k Services, 50 changes a second for 60 s per proxy
+/// (`SVCPLANE_CHURN=services,per_second,seconds` to change), the Markdown table on stderr
+/// and in `SVCPLANE_CHURN_MARKDOWN` when set.
+#[test]
+#[ignore = "a benchmark: minutes of API writes and churn (scripts/k8s/churn)"]
+fn endpoint_churn_at_10k_services_against_upstream_kube_proxy() {
+    let test = "endpoint_churn_at_10k_services_against_upstream_kube_proxy";
+    let Some(binaries) = binaries_for_test(test) else { return };
+    let numbers: Vec<u64> = std::env::var("SVCPLANE_CHURN")
+        .unwrap_or_else(|_| "10000,50,60".into())
+        .split(',')
+        .map(|n| n.trim().parse().expect("SVCPLANE_CHURN: services,per_second,seconds"))
+        .collect();
+    let [services, per_second, seconds] = numbers[..] else { panic!("SVCPLANE_CHURN: services,per_second,seconds") };
+    let churn = Churn {
+        services: usize::try_from(services).unwrap(),
+        per_second: usize::try_from(per_second).unwrap(),
+        seconds,
+        limit: Duration::from_secs(60),
+    };
+    let all = run(&binaries, churn);
+    let table = markdown(churn, &all);
+    eprintln!("{table}");
+    if let Ok(path) = std::env::var("SVCPLANE_CHURN_MARKDOWN") {
+        std::fs::write(path, &table).expect("writing the Markdown table");
+    }
+}
