@@ -10,8 +10,8 @@
 //! for T seconds: change `j` marks one more endpoint of Service `j`'s slice not ready (a
 //! pod failing its readiness probe, as the EndpointSlice controller would write it; run `k`
 //! takes endpoint `k` down), so no two changes of a run touch the same Service and every
-//! run makes the same changes. `nft monitor` in the node's
-//! namespace stamps every kernel change as it is committed; a change has *propagated* at
+//! run makes the same changes. A subscription to nf_tables' change notifications in the
+//! node's namespace stamps every kernel change as it is committed; a change has *propagated* at
 //! the first committed kernel change that names its Service (both proxies name their
 //! per-Service chains `...-<namespace>/<name>/...`) after the change was sent. Reported:
 //! propagation p50 / p99 / max, changes never seen within the limit, the API's own write
@@ -30,10 +30,10 @@ mod kube_support;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -111,6 +111,8 @@ struct Measured {
     api_write: Vec<Duration>,
     sent_over: Duration,
     peak_rss_kib: Option<u64>,
+    /// Notifications the kernel dropped because the subscription's buffer was full.
+    overflows: usize,
 }
 
 fn start_proxy(kube: &KubeLab, proxy: Proxy) -> u32 {
@@ -150,42 +152,102 @@ fn start_proxy(kube: &KubeLab, proxy: Proxy) -> u32 {
     pid
 }
 
-/// `nft monitor` in a node's namespace: every line naming a bulk Service, stamped when read
-/// (nft writes each event as one line, flushed).
+/// A subscription to nf_tables' change notifications (netlink group `NFNLGRP_NFTABLES`, what
+/// `nft monitor` listens to) in a node's namespace: every notification that names a bulk
+/// Service, stamped when received. The kernel sends them as each transaction commits. The
+/// raw messages are searched for the name instead of being decoded: both proxies name
+/// their per-Service chains `...-default/svc-NNNNN/...`, and a rule's notification carries
+/// its chain's name. (`nft monitor` itself first lists the whole ruleset to print names,
+/// which at 10k Services took longer than the churn.)
 struct KernelMonitor {
-    child: Child,
     seen: Arc<Mutex<Vec<(Instant, usize)>>>,
+    overflows: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
     reader: Option<std::thread::JoinHandle<()>>,
 }
 
-/// The bulk Service a monitor line names (`.../default/svc-01234/...`), if any.
-fn service_named(line: &str) -> Option<usize> {
-    let start = line.find("default/svc-")? + "default/svc-".len();
-    let digits = line.get(start..start + 5)?;
-    digits.parse().ok()
+const NFNLGRP_NFTABLES: u32 = 7;
+const SERVICE_PREFIX: &[u8] = b"default/svc-";
+
+/// Every bulk Service a notification names (`.../default/svc-01234/...`).
+fn services_named(message: &[u8]) -> Vec<usize> {
+    let mut found = Vec::new();
+    let mut at = 0;
+    while let Some(offset) = message[at..].windows(SERVICE_PREFIX.len()).position(|w| w == SERVICE_PREFIX) {
+        let digits = at + offset + SERVICE_PREFIX.len();
+        if let Some(index) = message.get(digits..digits + 5).and_then(|d| std::str::from_utf8(d).ok()?.parse().ok())
+            && !found.contains(&index)
+        {
+            found.push(index);
+        }
+        at = digits;
+    }
+    found
+}
+
+/// A netlink socket in `namespace` subscribed to nf_tables' notifications, with a large
+/// receive buffer and a short receive timeout (so its reader can be stopped).
+#[allow(unsafe_code, reason = "a netlink socket through libc: socket, setsockopt and bind")]
+fn subscribe(namespace: &str) -> OwnedFd {
+    svcplane_testbed::run_in_namespace(namespace, || {
+        // SAFETY: plain system calls on a socket this function owns; every pointer passed
+        // points to a live local of the size given.
+        unsafe {
+            let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_NETFILTER);
+            assert!(fd >= 0, "a netlink socket: {}", std::io::Error::last_os_error());
+            let fd = OwnedFd::from_raw_fd(fd);
+            let size: libc::c_int = 256 << 20;
+            let set = |option: libc::c_int, value: *const libc::c_void, length: usize| {
+                let length = libc::socklen_t::try_from(length).expect("option length");
+                libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, option, value, length)
+            };
+            assert_eq!(set(libc::SO_RCVBUFFORCE, (&raw const size).cast(), size_of_val(&size)), 0);
+            let timeout = libc::timeval { tv_sec: 0, tv_usec: 200_000 };
+            assert_eq!(set(libc::SO_RCVTIMEO, (&raw const timeout).cast(), size_of_val(&timeout)), 0);
+            let mut address: libc::sockaddr_nl = std::mem::zeroed();
+            address.nl_family = u16::try_from(libc::AF_NETLINK).expect("family");
+            address.nl_groups = 1 << (NFNLGRP_NFTABLES - 1);
+            let length = libc::socklen_t::try_from(size_of_val(&address)).expect("address length");
+            let bound = libc::bind(fd.as_raw_fd(), (&raw const address).cast(), length);
+            assert_eq!(bound, 0, "subscribing to nf_tables notifications: {}", std::io::Error::last_os_error());
+            fd
+        }
+    })
+    .expect("the node's namespace")
 }
 
 impl KernelMonitor {
+    #[allow(unsafe_code, reason = "recv on the netlink socket through libc")]
     fn start(namespace: &str) -> KernelMonitor {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", namespace, "nft", "monitor"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nft monitor");
-        let stdout = child.stdout.take().expect("its output");
+        let socket = subscribe(namespace);
         let seen: Arc<Mutex<Vec<(Instant, usize)>>> = Arc::default();
-        let sink = Arc::clone(&seen);
+        let overflows = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sink, overflowed, stopped) = (Arc::clone(&seen), Arc::clone(&overflows), Arc::clone(&stop));
         let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
+            let mut buffer = vec![0u8; 1 << 20];
+            while !stopped.load(Ordering::Acquire) {
+                // SAFETY: the buffer is live and as long as the length given.
+                let received = unsafe { libc::recv(socket.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len(), 0) };
                 let at = Instant::now();
-                if let Some(service) = service_named(&line) {
-                    sink.lock().unwrap().push((at, service));
+                let Ok(length) = usize::try_from(received) else {
+                    match std::io::Error::last_os_error().raw_os_error() {
+                        Some(libc::ENOBUFS) => {
+                            overflowed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Some(libc::EAGAIN | libc::EINTR) => {}
+                        _ => break,
+                    }
+                    continue;
+                };
+                let named = services_named(&buffer[..length]);
+                if !named.is_empty() {
+                    let mut seen = sink.lock().unwrap();
+                    seen.extend(named.into_iter().map(|service| (at, service)));
                 }
             }
         });
-        KernelMonitor { child, seen, reader: Some(reader) }
+        KernelMonitor { seen, overflows, stop, reader: Some(reader) }
     }
 
     /// For each service, when the kernel first changed it at or after `since[service]`.
@@ -202,8 +264,7 @@ impl KernelMonitor {
 
 impl Drop for KernelMonitor {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop.store(true, Ordering::Release);
         if let Some(reader) = self.reader.take() {
             let _ = reader.join();
         }
@@ -275,8 +336,6 @@ fn run_proxy(kube: &KubeLab, proxy: Proxy, churn: Churn, slot: usize, target: So
     }
     std::thread::sleep(SETTLE);
     let monitor = KernelMonitor::start(&namespace);
-    // nft monitor subscribes before it prints anything; give it a moment.
-    std::thread::sleep(Duration::from_millis(300));
     let (sent, mut api_write, sent_over) = send_churn(kube, churn, slot);
     let deadline = Instant::now() + churn.limit;
     let mut first_change = monitor.first_change_after(&sent);
@@ -284,6 +343,7 @@ fn run_proxy(kube: &KubeLab, proxy: Proxy, churn: Churn, slot: usize, target: So
         std::thread::sleep(Duration::from_millis(200));
         first_change = monitor.first_change_after(&sent);
     }
+    measured.overflows = monitor.overflows.load(Ordering::Relaxed);
     drop(monitor);
     measured.peak_rss_kib = peak_rss_kib(pid);
     kube.plane.check_running(&proxy.process()).expect("the proxy still runs");
@@ -336,7 +396,15 @@ fn run(binaries: &UpstreamBinaries, churn: Churn) -> Vec<(Proxy, Measured)> {
         .enumerate()
         .map(|(slot, proxy)| {
             let measured = run_proxy(&kube, *proxy, churn, slot, target);
-            eprintln!("churn: {}: {measured:?}", proxy.label());
+            eprintln!(
+                "churn: {}: cold start {}, propagation p50 {} p99 {}, {} not seen, {} notification overflows",
+                proxy.label(),
+                millis(measured.cold_start),
+                millis(quantile(&measured.propagation, 0.5)),
+                millis(quantile(&measured.propagation, 0.99)),
+                measured.unseen,
+                measured.overflows
+            );
             (*proxy, measured)
         })
         .collect()
@@ -344,17 +412,17 @@ fn run(binaries: &UpstreamBinaries, churn: Churn) -> Vec<(Proxy, Measured)> {
 
 fn markdown(churn: Churn, all: &[(Proxy, Measured)]) -> String {
     let mut out = format!(
-        "| {} Services x 10, {} endpoint changes/s for {} s | cold start | propagation p50 | p99 | max | changes not seen within {} s | API write p50 / p99 | sent over | peak RSS |\n",
+        "| {} Services x 10, {} endpoint changes/s for {} s | cold start | propagation p50 | p99 | max | changes not seen within {} s | API write p50 / p99 | sent over | peak RSS | notification overflows |\n",
         churn.services,
         churn.per_second,
         churn.seconds,
         churn.limit.as_secs()
     );
-    out.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    out.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (proxy, m) in all {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} of {} | {} / {} | {:.1} s | {} |",
+            "| {} | {} | {} | {} | {} | {} of {} | {} / {} | {:.1} s | {} | {} |",
             proxy.label(),
             millis(m.cold_start),
             millis(quantile(&m.propagation, 0.5)),
@@ -366,6 +434,7 @@ fn markdown(churn: Churn, all: &[(Proxy, Measured)]) -> String {
             millis(quantile(&m.api_write, 0.99)),
             m.sent_over.as_secs_f64(),
             m.peak_rss_kib.map_or_else(|| "-".to_owned(), |kib| format!("{} MiB", kib / 1024)),
+            m.overflows,
         );
     }
     out
@@ -380,8 +449,9 @@ fn the_churn_harness_sees_every_change_reach_each_proxys_kernel_on_a_small_clust
     eprintln!("{}", markdown(churn, &all));
     for (proxy, measured) in &all {
         assert!(measured.cold_start.is_some(), "{} never reached the marker", proxy.label());
-        assert_eq!(measured.unseen, 0, "{}: changes never reached the kernel: {measured:?}", proxy.label());
+        assert_eq!(measured.unseen, 0, "{}: changes never reached the kernel", proxy.label());
         assert_eq!(measured.propagation.len(), churn.changes(), "{}", proxy.label());
+        assert_eq!(measured.overflows, 0, "{}: notifications lost", proxy.label());
     }
 }
 
