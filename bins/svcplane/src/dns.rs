@@ -48,7 +48,9 @@ pub fn run(args: &DnsArgs) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let (sender, views) = mpsc::channel();
     let feeding = feeds::spawn_discovery(&args.source, sender, Arc::clone(&stop))?;
-    let following = follow_views(views, config, zone.clone()).context("starting the zone builder")?;
+    // Each new zone frees the previous one and the view it came from: give those pages back.
+    let following =
+        follow_views(views, config, zone.clone(), crate::memory::trim).context("starting the zone builder")?;
     let forwarder = (!args.upstreams.is_empty())
         .then(|| Forwarder::new(args.upstreams.clone(), Duration::from_millis(args.forward_timeout_ms)));
     let metrics = Arc::new(DnsMetrics::new(args.listen));

@@ -1,4 +1,5 @@
-//! Giving freed memory back to the system after the syncs that free the most.
+//! Giving freed memory back to the system after the work that frees the most: the proxy's
+//! full syncs, and cluster DNS's zone swaps (`dns.rs` calls [`trim`] after each).
 //!
 //! A full sync (the cold start above all) builds the whole ruleset and its netlink
 //! messages, then drops them; glibc's allocator keeps most of such freed memory mapped in

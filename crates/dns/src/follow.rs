@@ -13,11 +13,13 @@ use crate::server::SharedZone;
 use crate::zone::{Zone, ZoneConfig};
 
 /// Builds and publishes a zone for every view `views` delivers (of views queued meanwhile,
-/// only the newest) until the sender is gone.
+/// only the newest) until the sender is gone. `published` runs after each swap, once the
+/// view and the zone it replaced are dropped (the binary returns freed memory then).
 pub fn follow_views(
     views: Receiver<ClusterView>,
     config: Arc<ZoneConfig>,
     zone: SharedZone,
+    published: impl Fn() + Send + 'static,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name("dns-zone".to_owned()).spawn(move || {
         let mut serial = 0u32;
@@ -33,6 +35,8 @@ pub fn follow_views(
                 "zone updated"
             );
             zone.publish(built);
+            drop(view);
+            published();
         }
     })
 }

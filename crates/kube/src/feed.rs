@@ -12,7 +12,9 @@ use std::time::Duration;
 use svcplane_core::discovery::ClusterView;
 use svcplane_core::model::{EndpointSlice, NamespacedName, Node, Service};
 use svcplane_core::state::Change;
-use svcplane_source::{FieldError, Origins, dns_view, node_to_core, service_to_core, slice_to_core};
+use svcplane_source::{
+    DnsServicePart, DnsSlicePart, FieldError, assemble_view, node_to_core, service_to_core, slice_to_core,
+};
 use tracing::warn;
 
 use crate::ClusterAccess;
@@ -172,6 +174,12 @@ pub fn initial_changes(access: &ClusterAccess, node: &str, timeout: Duration) ->
     Ok(ApiConversion::default().convert(batch))
 }
 
+/// What cluster DNS keeps of each object: its conversion for DNS, done as it arrives (the
+/// API object is dropped then; DNS never watches Nodes).
+fn dns_keep() -> Keep<DnsServicePart, DnsSlicePart, ()> {
+    Keep { service: |object| DnsServicePart::of(&object), slice: |object| DnsSlicePart::of(&object), node: |_| () }
+}
+
 /// Watches everything cluster DNS needs (Services of every kind, all EndpointSlices); after
 /// the initial lists and after every later batch, the whole discovery view goes to `sender`.
 pub fn spawn_discovery_feed(
@@ -179,8 +187,8 @@ pub fn spawn_discovery_feed(
     sender: Sender<ClusterView>,
     stop: Arc<AtomicBool>,
 ) -> Result<JoinHandle<()>, KubeError> {
-    let (batches, received) = mpsc::channel::<Batch>();
-    let watch = spawn_watch(access, WatchOptions::for_dns(), Keep::objects(), batches, Arc::clone(&stop))?;
+    let (batches, received) = mpsc::channel::<Batch<DnsServicePart, DnsSlicePart, ()>>();
+    let watch = spawn_watch(access, WatchOptions::for_dns(), dns_keep(), batches, Arc::clone(&stop))?;
     thread::Builder::new()
         .name("api-discovery".to_owned())
         .spawn(move || {
@@ -191,7 +199,8 @@ pub fn spawn_discovery_feed(
                 for more in received.try_iter() {
                     mirror.apply(more);
                 }
-                let view = dns_view(&mirror.objects(), &Origins::default());
+                let slices: Vec<&DnsSlicePart> = mirror.slices().collect();
+                let view = assemble_view(mirror.services(), &slices, std::iter::empty());
                 let problems: Vec<String> = view.errors.iter().map(ToString::to_string).collect();
                 if problems != reported {
                     for problem in &problems {

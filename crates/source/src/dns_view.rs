@@ -39,32 +39,86 @@ pub struct DnsView {
 /// `objects.slices` hold the EndpointSlices (generated and explicit), as the controller's
 /// `reconcile` returns them. Pods and slices only add to the namespaces that exist.
 pub fn dns_view(objects: &ClusterObjects, origins: &Origins) -> DnsView {
-    let mut slices_by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
-    for slice in &objects.slices {
-        let Some(service) = slice.metadata.labels.as_ref().and_then(|labels| labels.get(SERVICE_NAME_LABEL)) else {
-            continue;
-        };
-        slices_by_service.entry((namespace_of(&slice.metadata), service.as_str())).or_default().push(slice);
-    }
-
-    let mut namespaces: BTreeSet<String> = BUILT_IN_NAMESPACES.iter().map(|ns| (*ns).to_owned()).collect();
-    namespaces.extend(objects.pods.iter().map(|pod| namespace_of(&pod.metadata).to_owned()));
-    namespaces.extend(objects.slices.iter().map(|slice| namespace_of(&slice.metadata).to_owned()));
-
-    let mut result = DnsView::default();
-    for service in &objects.services {
-        let namespace = namespace_of(&service.metadata);
-        let name = service.metadata.name.as_deref().unwrap_or_default();
-        let slices = slices_by_service.get(&(namespace, name)).map(Vec::as_slice).unwrap_or_default();
-        let (converted, errors) = service_to_dns(service, slices);
-        result.errors.extend(errors);
-        if let Some(converted) = converted {
-            namespaces.insert(converted.namespace.clone());
-            result.view.services.push(converted);
-        }
-    }
+    let services: Vec<DnsServicePart> = objects.services.iter().map(DnsServicePart::of).collect();
+    let slices: Vec<DnsSlicePart> = objects.slices.iter().map(DnsSlicePart::of).collect();
+    let mut result = assemble_view(
+        services.iter(),
+        &slices.iter().collect::<Vec<_>>(),
+        objects.pods.iter().map(|pod| namespace_of(&pod.metadata)),
+    );
     for error in &mut result.errors {
         error.origin = origins.position_of(&error.object).cloned();
+    }
+    result
+}
+
+/// What DNS keeps of one Service between changes, converted the moment it arrives (a
+/// watch keeps this instead of the API object): the Service as DNS serves it (a headless
+/// one still without endpoints: those come from its slices when a view is assembled) and
+/// the problems found in it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DnsServicePart {
+    pub service: Option<DnsService>,
+    pub errors: Vec<FieldError>,
+}
+
+impl DnsServicePart {
+    pub fn of(service: &Service) -> Self {
+        let (service, errors) = service_to_dns(service, &[]);
+        Self { service, errors }
+    }
+}
+
+/// What DNS keeps of one EndpointSlice between changes: the Service it belongs to (its
+/// `kubernetes.io/service-name` label), its endpoints and ports, and the problems found in
+/// it (reported only while the slice's Service is headless, the only kind that uses them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DnsSlicePart {
+    pub namespace: String,
+    pub service: Option<String>,
+    pub set: Option<EndpointSet>,
+    pub errors: Vec<FieldError>,
+}
+
+impl DnsSlicePart {
+    pub fn of(slice: &EndpointSlice) -> Self {
+        let service = slice.metadata.labels.as_ref().and_then(|labels| labels.get(SERVICE_NAME_LABEL)).cloned();
+        let (set, errors) = if service.is_some() { endpoint_set(slice) } else { (None, Vec::new()) };
+        Self { namespace: namespace_of(&slice.metadata).to_owned(), service, set, errors }
+    }
+}
+
+/// The view of converted Services and slices (`slices` in the order their endpoints are
+/// listed), with the namespaces of `more_namespaces` also existing. Errors carry no origin.
+pub fn assemble_view<'a>(
+    services: impl Iterator<Item = &'a DnsServicePart>,
+    slices: &[&DnsSlicePart],
+    more_namespaces: impl Iterator<Item = &'a str>,
+) -> DnsView {
+    let mut slices_by_service: HashMap<(&str, &str), Vec<&DnsSlicePart>> = HashMap::new();
+    for slice in slices {
+        if let Some(service) = &slice.service {
+            slices_by_service.entry((slice.namespace.as_str(), service.as_str())).or_default().push(slice);
+        }
+    }
+    let mut namespaces: BTreeSet<String> = BUILT_IN_NAMESPACES.iter().map(|ns| (*ns).to_owned()).collect();
+    namespaces.extend(more_namespaces.map(str::to_owned));
+    namespaces.extend(slices.iter().map(|slice| slice.namespace.clone()));
+
+    let mut result = DnsView::default();
+    for part in services {
+        result.errors.extend(part.errors.iter().cloned());
+        let Some(service) = &part.service else { continue };
+        let mut service = service.clone();
+        if let ServiceKind::Headless { endpoints, .. } = &mut service.kind {
+            let own = slices_by_service.get(&(service.namespace.as_str(), service.name.as_str()));
+            for slice in own.map(Vec::as_slice).unwrap_or_default() {
+                result.errors.extend(slice.errors.iter().cloned());
+                endpoints.extend(slice.set.iter().cloned());
+            }
+        }
+        namespaces.insert(service.namespace.clone());
+        result.view.services.push(service);
     }
     result.view.namespaces = namespaces.into_iter().collect();
     result

@@ -32,7 +32,7 @@ pub use convert::{
     slice_to_core,
 };
 pub use diff::SnapshotDiffer;
-pub use dns_view::{DnsView, dns_view, service_to_dns};
+pub use dns_view::{DnsServicePart, DnsSlicePart, DnsView, assemble_view, dns_view, service_to_dns};
 pub use feed::{FeedError, ManifestsFeed, ManifestsSettings};
 pub use manifests::{
     ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, Position, load_directory,
