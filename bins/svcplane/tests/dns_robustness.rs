@@ -213,3 +213,31 @@ fn a_broken_service_is_reported_by_file_object_and_field_and_the_others_are_serv
     assert!(log.contains(r#"Service default/api: spec.ports[0].name: "Bad_Name" is not a DNS label"#), "{log}");
     assert!(log.contains("d-syntax.yaml"), "{log}");
 }
+
+#[test]
+fn a_question_asked_again_over_udp_gets_the_same_answer_under_its_own_id_and_a_change_shows_at_once() {
+    let (dir, mut server) = started();
+    let asked = |id: u16| {
+        let mut message = query_message("web.default.svc.cluster.local.", RecordType::A);
+        message.metadata.id = id;
+        let reply = udp_exchange(server.addr, &message.to_vec().unwrap(), WAIT).expect("an answer over UDP");
+        Message::from_vec(&reply).expect("a parsable answer")
+    };
+    let first = asked(0x1111);
+    let second = asked(0x2222);
+    assert_eq!((first.metadata.id, second.metadata.id), (0x1111, 0x2222));
+    assert_eq!(first.answers, second.answers);
+    assert_eq!(first.answers.len(), 1, "{first:?}");
+    // The second answer came from the worker's cache or not: either way a new zone must not
+    // answer with the old address.
+    dir.write("web.yaml", &service("default", "web", "clusterIP: 10.96.0.11\nports: [{name: http, port: 80}]"));
+    let (dig, _) = server.dig_until(&["web.default.svc.cluster.local", "A"], Duration::from_secs(10), |dig| {
+        dig.answers() == ["A 10.96.0.11"]
+    });
+    assert_eq!(dig.answers(), ["A 10.96.0.11"], "{}", dig.raw);
+    let third = asked(0x3333);
+    assert_eq!(third.metadata.id, 0x3333);
+    let addresses: Vec<String> = third.answers.iter().map(|record| record.data.to_string()).collect();
+    assert_eq!(addresses, ["10.96.0.11"]);
+    assert!(server.is_running(), "the server exited:\n{}", server.log());
+}

@@ -9,9 +9,10 @@
 //!   [`Outcome`] (records, NXDOMAIN vs NODATA with the zone SOA, SERVFAIL before the first
 //!   snapshot, REFUSED / NOTIMP / FORMERR for what it does not serve, or "forward upstream").
 //!   [`respond_to_wire`] is the same on bytes, for the fuzz target and property tests.
-//! - With the `server` feature (default): [`server`] runs hickory-server's UDP and TCP loops
-//!   over a [`SharedZone`] swapped atomically on every change, and [`forward`] sends names
-//!   outside the zone to the upstream resolvers it is given.
+//! - With the `server` feature (default): [`server`] serves UDP with [`udp`]'s workers
+//!   (answers cached, encoded, per zone snapshot) and TCP with hickory-server's loop, over a
+//!   [`SharedZone`] swapped atomically on every change, and [`forward`] sends names outside
+//!   the zone to the upstream resolvers it is given.
 //! - [`metrics`]: CoreDNS's request metrics (`coredns_dns_*`), counted with atomics in fixed
 //!   arrays on the hot path, written in the Prometheus text format. Serving them over HTTP is
 //!   the binary's job.
@@ -34,6 +35,8 @@ pub mod follow;
 pub mod forward;
 #[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
+pub mod udp;
 
 pub use answer::{Inquiry, Outcome, Reply, answer, respond};
 pub use metrics::DnsMetrics;

@@ -1,10 +1,11 @@
-//! The DNS server: hickory's UDP and TCP loops around [`crate::respond`], over a zone
-//! snapshot that is swapped atomically when the cluster changes.
+//! The DNS server: [`crate::udp`]'s workers for UDP and hickory's TCP loop, both around
+//! [`crate::respond`], over a zone snapshot that is swapped atomically when the cluster
+//! changes.
 //!
-//! hickory-server reads and frames messages, answers FORMERR to requests it cannot parse and
-//! ignores messages shorter than a header or that are responses; everything else comes to
-//! [`Handler`], which loads the current snapshot (no lock), answers, and forwards names
-//! outside the zone. A failing upstream or a client that goes away never stops the server.
+//! Both answer FORMERR to requests they cannot parse and ignore messages shorter than a
+//! header or that are responses; everything else comes to [`Handler`], which loads the
+//! current snapshot (no lock), answers, and forwards names outside the zone. A failing
+//! upstream or a client that goes away never stops the server.
 
 use std::io;
 use std::net::SocketAddr;
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use hickory_proto::op::{Edns, Header, HeaderCounts, LowerQuery, Metadata, ResponseCode};
+use hickory_proto::op::{Edns, Header, HeaderCounts, LowerQuery, Metadata, Query, ResponseCode};
 use hickory_proto::rr::Record;
 use hickory_server::net::runtime::Time;
 use hickory_server::net::xfer::Protocol;
@@ -29,6 +30,9 @@ use crate::zone::Zone;
 
 /// How long an idle TCP connection is kept.
 pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// UDP workers sharing the socket, at most (one per CPU below that).
+const MAX_UDP_WORKERS: usize = 4;
 
 /// Binding on port 0 picks the UDP port first; this many tries find one free for TCP too.
 const MAX_BIND_ATTEMPTS: usize = 16;
@@ -53,7 +57,7 @@ impl SharedZone {
 }
 
 /// Answers requests from the current snapshot, forwarding what lies outside the zone.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Handler {
     zone: SharedZone,
     forwarder: Option<Forwarder>,
@@ -100,8 +104,8 @@ impl Handler {
     }
 
     /// Relays `forwarded`, an upstream's answer, as the answer to `request`.
-    fn relay(request: &Request, forwarded: hickory_proto::op::Message) -> (Metadata, Reply) {
-        let mut metadata = Metadata::response_from_request(&request.metadata);
+    fn relay(request: &Metadata, forwarded: hickory_proto::op::Message) -> (Metadata, Reply) {
+        let mut metadata = Metadata::response_from_request(request);
         metadata.response_code = forwarded.metadata.response_code;
         metadata.recursion_available = true;
         let reply = Reply {
@@ -137,8 +141,97 @@ impl RequestHandler for Handler {
     }
 }
 
+/// What the zone alone decides for one request.
+pub(crate) enum Decided {
+    /// Say nothing (the message was a response).
+    Nothing,
+    /// Send this header and these records; `source` is the part that answered. Such an answer
+    /// depends only on the request and the zone snapshot.
+    Send { metadata: Metadata, reply: Reply, source: Source },
+    /// The upstream resolvers must be asked first ([`Outcome::Forward`] or
+    /// [`Outcome::Chase`], only ever with a forwarder).
+    Upstream(Outcome),
+}
+
 impl Handler {
-    /// Answers `request`; also says which part answered (`None`: nothing was sent).
+    pub(crate) fn zone(&self) -> &SharedZone {
+        &self.zone
+    }
+
+    pub(crate) fn metrics(&self) -> Option<&DnsMetrics> {
+        self.metrics.as_deref()
+    }
+
+    /// Decides what the zone alone can: everything but what needs the upstreams.
+    pub(crate) fn decide(&self, zone: &Zone, inquiry: &Inquiry<'_>) -> Decided {
+        match respond(zone, inquiry) {
+            Outcome::Drop => Decided::Nothing,
+            Outcome::Reply(reply) => {
+                let metadata = response_metadata(inquiry.metadata, &reply);
+                Decided::Send { metadata, reply, source: Source::Kubernetes }
+            }
+            Outcome::Chase { reply, .. } if self.forwarder.is_none() => {
+                let metadata = response_metadata(inquiry.metadata, &reply);
+                Decided::Send { metadata, reply, source: Source::Kubernetes }
+            }
+            Outcome::Forward if self.forwarder.is_none() => {
+                let reply = Reply::error(ResponseCode::Refused);
+                Decided::Send { metadata: response_metadata(inquiry.metadata, &reply), reply, source: Source::Server }
+            }
+            outcome @ (Outcome::Chase { .. } | Outcome::Forward) => Decided::Upstream(outcome),
+        }
+    }
+
+    /// Completes an answer that needs the upstreams: follows a CNAME out of the zone, or
+    /// relays the upstreams' answer to `packet` (whose header is `request` and whose first
+    /// question is `question`).
+    pub(crate) async fn ask_upstream(
+        &self,
+        outcome: Outcome,
+        request: &Metadata,
+        question: Option<&Query>,
+        packet: &[u8],
+    ) -> (Metadata, Reply, Source) {
+        let forwarder = self.forwarder.as_ref();
+        match outcome {
+            Outcome::Chase { mut reply, target, query_type } => {
+                if let Some(forwarder) = forwarder {
+                    match forwarder.resolve(&target, query_type).await {
+                        Ok(found) if found.metadata.response_code == ResponseCode::NoError => {
+                            reply.answers.extend(found.answers);
+                            reply.authorities.clear();
+                        }
+                        Ok(_) => {}
+                        Err(error) => debug!(%error, %target, "could not follow the CNAME upstream"),
+                    }
+                }
+                let mut metadata = response_metadata(request, &reply);
+                metadata.recursion_available = forwarder.is_some();
+                (metadata, reply, Source::Kubernetes)
+            }
+            _ => match (forwarder, question) {
+                (Some(forwarder), Some(question)) => match forwarder.forward(packet, question).await {
+                    Ok(forwarded) => {
+                        let (metadata, reply) = Self::relay(request, forwarded);
+                        (metadata, reply, Source::Forward)
+                    }
+                    Err(error) => {
+                        // Per query, so debug: a dead upstream would otherwise flood the log.
+                        debug!(%error, name = %question.name(), "forwarding failed; answering SERVFAIL");
+                        let reply = Reply::error(ResponseCode::ServFail);
+                        (response_metadata(request, &reply), reply, Source::Forward)
+                    }
+                },
+                _ => {
+                    let reply = Reply::error(ResponseCode::Refused);
+                    (response_metadata(request, &reply), reply, Source::Server)
+                }
+            },
+        }
+    }
+
+    /// Answers `request` (TCP, through hickory's loop); also says which part answered
+    /// (`None`: nothing was sent).
     async fn answer<R: ResponseHandler>(&self, request: &Request, handle: R) -> (ResponseInfo, Option<Source>) {
         let zone = self.zone.current();
         let queries = request.queries.queries();
@@ -149,55 +242,23 @@ impl Handler {
             question,
             edns_version: request.edns.as_ref().map(Edns::version),
         };
-        match respond(&zone, &inquiry) {
-            Outcome::Drop => (unsent(Metadata::response_from_request(&request.metadata)), None),
-            Outcome::Reply(reply) => {
-                let metadata = response_metadata(&request.metadata, &reply);
-                (Self::send(request, metadata, &reply, handle).await, Some(Source::Kubernetes))
+        let (metadata, reply, source) = match self.decide(&zone, &inquiry) {
+            Decided::Nothing => return (unsent(Metadata::response_from_request(&request.metadata)), None),
+            Decided::Send { metadata, reply, source } => (metadata, reply, source),
+            Decided::Upstream(outcome) => {
+                drop(zone);
+                self.ask_upstream(outcome, &request.metadata, question, request.as_slice()).await
             }
-            Outcome::Chase { mut reply, target, query_type } => {
-                if let Some(forwarder) = &self.forwarder {
-                    match forwarder.resolve(&target, query_type).await {
-                        Ok(found) if found.metadata.response_code == ResponseCode::NoError => {
-                            reply.answers.extend(found.answers);
-                            reply.authorities.clear();
-                        }
-                        Ok(_) => {}
-                        Err(error) => debug!(%error, %target, "could not follow the CNAME upstream"),
-                    }
-                }
-                let mut metadata = response_metadata(&request.metadata, &reply);
-                metadata.recursion_available = self.forwarder.is_some();
-                (Self::send(request, metadata, &reply, handle).await, Some(Source::Kubernetes))
-            }
-            Outcome::Forward => {
-                let (metadata, reply, source) = match (&self.forwarder, question) {
-                    (Some(forwarder), Some(question)) => match forwarder.forward(request.as_slice(), question).await {
-                        Ok(forwarded) => {
-                            let (metadata, reply) = Self::relay(request, forwarded);
-                            (metadata, reply, Source::Forward)
-                        }
-                        Err(error) => {
-                            // Per query, so debug: a dead upstream would otherwise flood the log.
-                            debug!(%error, name = %question.name(), "forwarding failed; answering SERVFAIL");
-                            let reply = Reply::error(ResponseCode::ServFail);
-                            (response_metadata(&request.metadata, &reply), reply, Source::Forward)
-                        }
-                    },
-                    _ => {
-                        let reply = Reply::error(ResponseCode::Refused);
-                        (response_metadata(&request.metadata, &reply), reply, Source::Server)
-                    }
-                };
-                (Self::send(request, metadata, &reply, handle).await, Some(source))
-            }
-        }
+        };
+        (Self::send(request, metadata, &reply, handle).await, Some(source))
     }
 }
 
 /// A bound server: UDP and TCP on the same address and port.
 pub struct DnsServer {
+    /// TCP only: UDP is served by [`crate::udp`]'s workers.
     server: Server<Handler>,
+    udp_workers: Vec<tokio::task::JoinHandle<()>>,
     local_addr: SocketAddr,
 }
 
@@ -212,10 +273,21 @@ impl DnsServer {
     pub async fn bind(listen: SocketAddr, handler: Handler) -> io::Result<Self> {
         let (udp, tcp) = bind_both(listen).await?;
         let local_addr = udp.local_addr()?;
-        let mut server = Server::new(handler);
-        server.register_socket(udp);
+        let udp = Arc::new(udp);
+        let mut server = Server::new(handler.clone());
         server.register_listener(tcp, TCP_IDLE_TIMEOUT, 64);
-        Ok(Self { server, local_addr })
+        let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(MAX_UDP_WORKERS);
+        let udp_workers = (0..workers)
+            .map(|_| {
+                let stop = server.shutdown_token().clone();
+                tokio::spawn(crate::udp::serve(
+                    Arc::clone(&udp),
+                    handler.clone(),
+                    async move { stop.cancelled().await },
+                ))
+            })
+            .collect();
+        Ok(Self { server, udp_workers, local_addr })
     }
 
     /// Where the server listens (UDP and TCP).
@@ -226,13 +298,20 @@ impl DnsServer {
     /// Serves until `shutdown` completes, then stops accepting and waits for the loops to end.
     pub async fn run_until(mut self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
         let token = self.server.shutdown_token().clone();
-        tokio::select! {
+        let result = tokio::select! {
             result = self.server.block_until_done() => {
-                return result.map_err(|error| io::Error::other(error.to_string()));
+                token.cancel();
+                result
             }
-            () = shutdown => token.cancel(),
+            () = shutdown => {
+                token.cancel();
+                self.server.block_until_done().await
+            }
+        };
+        for worker in self.udp_workers {
+            let _ = worker.await;
         }
-        self.server.block_until_done().await.map_err(|error| io::Error::other(error.to_string()))
+        result.map_err(|error| io::Error::other(error.to_string()))
     }
 }
 

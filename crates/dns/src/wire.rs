@@ -66,7 +66,7 @@ pub fn respond_to_wire(zone: &Zone, packet: &[u8], transport: Transport) -> Wire
             metadata.response_code = ResponseCode::FormErr;
             let mut response = Message::response(header.metadata.id, header.metadata.op_code);
             response.metadata = metadata;
-            return encode(&response, 512);
+            return encode(&response, 512).map_or(WireOutcome::Drop, WireOutcome::Send);
         }
     };
     let inquiry = Inquiry {
@@ -92,15 +92,15 @@ pub fn respond_to_wire(zone: &Zone, packet: &[u8], transport: Transport) -> Wire
     response.authorities = reply.authorities;
     response.additionals = reply.additionals;
     response.edns = edns;
-    encode(&response, max_size)
+    encode(&response, max_size).map_or(WireOutcome::Drop, WireOutcome::Send)
 }
 
-fn encode(message: &Message, max_size: u16) -> WireOutcome {
+/// `message` on the wire, at most `max_size` bytes (records that do not fit are left out
+/// and TC is set); `None` when it cannot be encoded at all.
+pub(crate) fn encode(message: &Message, max_size: u16) -> Option<Vec<u8>> {
     let mut bytes = Vec::with_capacity(512);
     let mut encoder = BinEncoder::new(&mut bytes);
     encoder.set_max_size(max_size);
-    match message.emit(&mut encoder) {
-        Ok(()) => WireOutcome::Send(bytes),
-        Err(_) => WireOutcome::Drop,
-    }
+    message.emit(&mut encoder).ok()?;
+    Some(bytes)
 }

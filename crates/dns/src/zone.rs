@@ -194,6 +194,8 @@ impl ServiceEntry {
 #[derive(Debug, Clone)]
 pub struct Zone {
     config: Arc<ZoneConfig>,
+    /// Unique to this snapshot among all built by the process (answer caches key on it).
+    snapshot_id: u64,
     complete: bool,
     serial: u32,
     soa: Record,
@@ -209,7 +211,16 @@ pub struct Zone {
     name_server_ips: Vec<IpAddr>,
 }
 
+/// The next [`Zone::snapshot_id`].
+static NEXT_SNAPSHOT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 impl Zone {
+    /// Tells snapshots apart: no two zones built by this process share it, even when built
+    /// from the same view with the same serial.
+    pub fn snapshot_id(&self) -> u64 {
+        self.snapshot_id
+    }
+
     /// The zone before the first complete snapshot: every name in it answers SERVFAIL.
     pub fn pending(config: Arc<ZoneConfig>) -> Self {
         let mut zone = Self::build(config, &ClusterView::default(), 0);
@@ -293,6 +304,7 @@ impl Zone {
 
         Self {
             config,
+            snapshot_id: NEXT_SNAPSHOT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             complete: true,
             serial,
             soa,
