@@ -14,6 +14,10 @@
 //! - *RSS*: `VmRSS` a few seconds after that (what the proxy keeps), and *peak RSS*:
 //!   `VmHWM` (the most it ever held, the cold sync included).
 //!
+//! Then, on the same API server, the first binary's `svcplane dns --kubeconfig` (cold start
+//! until it answers the marker's name, RSS 3 s later) and `svcplane controller --kubeconfig`
+//! (RSS after 20 s; the input has no selectors, so it only watches).
+//!
 //! `scripts/k8s/memory` runs the real sizes (release build); the plain test here runs the
 //! same harness on a small cluster so the harness itself stays tested.
 //! `SVCPLANE_MEM_HOLD_SECS=N` keeps the lab and its API server up N seconds after the
@@ -41,6 +45,8 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(10);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(50);
 /// How long after the first working probe the kept RSS is read.
 const SETTLE: Duration = Duration::from_secs(3);
+/// How long the controller runs before its RSS is read.
+const CONTROLLER_SETTLE: Duration = Duration::from_secs(20);
 
 /// One cluster size.
 #[derive(Debug, Clone, Copy)]
@@ -162,6 +168,65 @@ fn measure(kube: &KubeLab, label: &str, binary: &str, target: SocketAddr, limit:
     measured
 }
 
+/// Starts `svcplane dns` (the first binary under test) on node1 against the loaded API
+/// server and measures it: *cold start* = until it answers the marker's name, RSS and peak
+/// 3 s after that.
+fn measure_dns(kube: &KubeLab, label: &str, binary: &str, limit: Duration) -> Measured {
+    let namespace = kube.lab.node(1).namespace_name().to_owned();
+    let what = format!("dns-{label}");
+    let kubeconfig = kube.plane.kubeconfig().display().to_string();
+    let args = ["dns", "--kubeconfig", &kubeconfig, "--listen", "127.0.0.1:10053", "--metrics-bind-address", ""]
+        .map(String::from);
+    let started = Instant::now();
+    let (pid, log) = kube.plane.spawn(&what, &namespace, binary, &args).expect("svcplane dns");
+    let name = format!("{MARKER}.default.svc.cluster.local");
+    let dig = ["dig", "+short", "+time=1", "+tries=1", "@127.0.0.1", "-p", "10053", &name, "A"];
+    let mut cold_start = None;
+    while started.elapsed() < limit {
+        if kube.lab.exec_ok(&namespace, &dig).is_ok_and(|output| !output.trim().is_empty()) {
+            cold_start = Some(started.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(SETTLE);
+    let measured = Measured {
+        label: format!("`svcplane dns` ({label})"),
+        cold_start,
+        rss_kib: status_kib(pid, "VmRSS:"),
+        peak_kib: status_kib(pid, "VmHWM:"),
+    };
+    if let Err(error) = kube.plane.check_running(&what) {
+        panic!("svcplane dns stopped: {error}\n{}", kube_support::log_tail(&log));
+    }
+    kube.plane.stop(&what);
+    measured
+}
+
+/// Starts `svcplane controller` (the first binary under test, no leader election) on node1
+/// against the loaded API server; RSS and peak after [`CONTROLLER_SETTLE`] (it lists every
+/// Service, Pod and EndpointSlice first; with the selector-less input it writes nothing).
+fn measure_controller(kube: &KubeLab, label: &str, binary: &str) -> Measured {
+    let namespace = kube.lab.node(1).namespace_name().to_owned();
+    let what = format!("controller-{label}");
+    let kubeconfig = kube.plane.kubeconfig().display().to_string();
+    let args = ["controller", "--kubeconfig", &kubeconfig, "--leader-elect=false", "--metrics-bind-address", ""]
+        .map(String::from);
+    let (pid, log) = kube.plane.spawn(&what, &namespace, binary, &args).expect("svcplane controller");
+    std::thread::sleep(CONTROLLER_SETTLE);
+    let measured = Measured {
+        label: format!("`svcplane controller` ({label}, after {} s)", CONTROLLER_SETTLE.as_secs()),
+        cold_start: None,
+        rss_kib: status_kib(pid, "VmRSS:"),
+        peak_kib: status_kib(pid, "VmHWM:"),
+    };
+    if let Err(error) = kube.plane.check_running(&what) {
+        panic!("svcplane controller stopped: {error}\n{}", kube_support::log_tail(&log));
+    }
+    kube.plane.stop(&what);
+    measured
+}
+
 fn binaries() -> Vec<(String, String)> {
     match std::env::var("SVCPLANE_MEM_BINARIES") {
         Ok(list) => list
@@ -206,6 +271,12 @@ fn run_size(upstream: &UpstreamBinaries, size: Size, rounds: usize, limit: Durat
             all.push(measured);
         }
     }
+    for (label, binary) in binaries() {
+        for measured in [measure_dns(&kube, &label, &binary, limit), measure_controller(&kube, &label, &binary)] {
+            eprintln!("{} x {}: {measured:?}", size.services, size.endpoints);
+            all.push(measured);
+        }
+    }
     (created, all)
 }
 
@@ -213,8 +284,12 @@ fn markdown(size: Size, created: Duration, all: &[Measured]) -> String {
     let mut text = String::new();
     let mib = |kib: Option<u64>| kib.map_or_else(|| "-".to_owned(), |k| format!("{:.0} MiB", k as f64 / 1024.0));
     for measured in all {
-        let cold =
-            measured.cold_start.map_or_else(|| "timed out".to_owned(), |d| format!("{:.0} ms", d.as_secs_f64() * 1e3));
+        let cold = match measured.cold_start {
+            Some(took) => format!("{:.0} ms", took.as_secs_f64() * 1e3),
+            // The controller has no marker to serve.
+            None if measured.label.contains("controller") => "-".to_owned(),
+            None => "timed out".to_owned(),
+        };
         let _ = writeln!(
             text,
             "| {} x {} | {} | {cold} | {} | {} |",
@@ -241,8 +316,10 @@ fn the_memory_harness_measures_a_cold_proxy_on_a_small_cluster() {
     let size = Size { services: 30, endpoints: 10 };
     let (created, all) = run_size(&upstream, size, 1, Duration::from_secs(60));
     eprintln!("{}", markdown(size, created, &all));
+    for measured in all.iter().filter(|measured| !measured.label.contains("controller")) {
+        assert!(measured.cold_start.is_some(), "never served the marker: {measured:?}");
+    }
     for measured in &all {
-        assert!(measured.cold_start.is_some(), "the proxy never programmed the marker: {measured:?}");
         let (rss, peak) = (measured.rss_kib.expect("an RSS"), measured.peak_kib.expect("a peak"));
         assert!(rss > 0 && peak >= rss, "{measured:?}");
     }
