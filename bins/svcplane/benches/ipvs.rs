@@ -34,8 +34,8 @@ use common::show;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams};
-use kube_support::bench::{ENDPOINTS_PER_SERVICE, create_bulk, peak_rss_kib, until_answered};
-use kube_support::{CLUSTER_CIDRS, ECHO_PORT, KubeLab, cluster_ip_v4, echo_service, echo_slice};
+use kube_support::bench::{ENDPOINTS_PER_SERVICE, create_bulk, peak_rss_kib, until_answered, upstream_kube_proxy_args};
+use kube_support::{ECHO_PORT, KubeLab, cluster_ip_v4, echo_service, echo_slice};
 use svcplane_control_plane::UpstreamBinaries;
 use svcplane_testbed::Lab;
 
@@ -310,18 +310,7 @@ fn start_api_proxy(kube: &KubeLab, proxy: ApiProxy) -> anyhow::Result<(String, u
         let (pid, log) = kube.start_svcplane_proxy(proxy.node, &["--mode", "ipvs", "--iptables-backend", "nft"]);
         return Ok((format!("svcplane-proxy-{}", node.name()), pid, log));
     }
-    let mut args = vec![
-        format!("--kubeconfig={}", kube.plane.kubeconfig().display()),
-        format!("--hostname-override={}", node.name()),
-        "--proxy-mode=ipvs".into(),
-        format!("--cluster-cidr={}", CLUSTER_CIDRS.join(",")),
-        // The node's namespace has no conntrack sysctls of its own to size.
-        "--conntrack-max-per-core=0".into(),
-        "--conntrack-tcp-timeout-established=0s".into(),
-        "--conntrack-tcp-timeout-close-wait=0s".into(),
-        "--metrics-bind-address=127.0.0.1:10249".into(),
-        "--v=1".into(),
-    ];
+    let mut args = upstream_kube_proxy_args(kube, node.name(), "ipvs");
     args.extend(proxy.extra.iter().map(|arg| (*arg).to_owned()));
     let what = format!("kube-proxy-{}", node.name());
     let (pid, log) = kube.plane.spawn(&what, node.namespace_name(), "kube-proxy", &args)?;

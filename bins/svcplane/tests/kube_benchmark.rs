@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams};
-use kube_support::bench::{ENDPOINTS_PER_SERVICE, create_bulk, peak_rss_kib, until_answered};
+use kube_support::bench::{ENDPOINTS_PER_SERVICE, create_bulk, peak_rss_kib, until_answered, upstream_kube_proxy_args};
 use kube_support::{CLUSTER_CIDRS, KubeLab, cluster_ip_v4, echo_service, echo_slice};
 use svcplane_control_plane::{UpstreamBinaries, binaries_for_test};
 use svcplane_testbed::Lab;
@@ -77,20 +77,7 @@ fn start_proxy(kube: &KubeLab, proxy: Proxy) -> u32 {
     let node = kube.lab.node(proxy.node());
     let kubeconfig = kube.plane.kubeconfig().display().to_string();
     let (program, args): (&str, Vec<String>) = match proxy {
-        Proxy::KubeProxy => (
-            "kube-proxy",
-            vec![
-                format!("--kubeconfig={kubeconfig}"),
-                format!("--hostname-override={}", node.name()),
-                "--proxy-mode=nftables".into(),
-                format!("--cluster-cidr={}", CLUSTER_CIDRS.join(",")),
-                "--conntrack-max-per-core=0".into(),
-                "--conntrack-tcp-timeout-established=0s".into(),
-                "--conntrack-tcp-timeout-close-wait=0s".into(),
-                "--metrics-bind-address=127.0.0.1:10249".into(),
-                "--v=1".into(),
-            ],
-        ),
+        Proxy::KubeProxy => ("kube-proxy", upstream_kube_proxy_args(kube, node.name(), "nftables")),
         Proxy::Svcplane => {
             let mut args: Vec<String> =
                 ["proxy", "--kubeconfig", &kubeconfig, "--node-name", node.name()].map(String::from).to_vec();

@@ -40,7 +40,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams};
-use kube_support::bench::{ENDPOINTS_PER_SERVICE, bulk_service, create_bulk, peak_rss_kib, until_answered};
+use kube_support::bench::{
+    ENDPOINTS_PER_SERVICE, bulk_service, create_bulk, peak_rss_kib, until_answered, upstream_kube_proxy_args,
+};
 use kube_support::{CLUSTER_CIDRS, KubeLab, cluster_ip_v4, echo_service, echo_slice};
 use svcplane_control_plane::{UpstreamBinaries, binaries_for_test};
 use svcplane_testbed::Lab;
@@ -120,17 +122,7 @@ fn start_proxy(kube: &KubeLab, proxy: Proxy) -> u32 {
     let kubeconfig = kube.plane.kubeconfig().display().to_string();
     let (program, args): (&str, Vec<String>) = match proxy {
         Proxy::KubeProxyDefaults | Proxy::KubeProxyNoMinSync => {
-            let mut args = vec![
-                format!("--kubeconfig={kubeconfig}"),
-                format!("--hostname-override={}", node.name()),
-                "--proxy-mode=nftables".into(),
-                format!("--cluster-cidr={}", CLUSTER_CIDRS.join(",")),
-                "--conntrack-max-per-core=0".into(),
-                "--conntrack-tcp-timeout-established=0s".into(),
-                "--conntrack-tcp-timeout-close-wait=0s".into(),
-                "--metrics-bind-address=127.0.0.1:10249".into(),
-                "--v=1".into(),
-            ];
+            let mut args = upstream_kube_proxy_args(kube, node.name(), "nftables");
             if proxy == Proxy::KubeProxyNoMinSync {
                 args.push("--iptables-min-sync-period=0s".into());
             }

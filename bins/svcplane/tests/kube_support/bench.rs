@@ -84,6 +84,23 @@ pub fn until_answered(
     None
 }
 
+/// Upstream kube-proxy's arguments on lab node `node` in `mode` (`nftables`, `ipvs`): the
+/// admin kubeconfig, the lab's cluster CIDRs, metrics on loopback, and its conntrack sysctls
+/// left alone (a node's namespace has none of its own to size).
+pub fn upstream_kube_proxy_args(kube: &KubeLab, node: &str, mode: &str) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kube.plane.kubeconfig().display()),
+        format!("--hostname-override={node}"),
+        format!("--proxy-mode={mode}"),
+        format!("--cluster-cidr={}", super::CLUSTER_CIDRS.join(",")),
+        "--conntrack-max-per-core=0".into(),
+        "--conntrack-tcp-timeout-established=0s".into(),
+        "--conntrack-tcp-timeout-close-wait=0s".into(),
+        "--metrics-bind-address=127.0.0.1:10249".into(),
+        "--v=1".into(),
+    ]
+}
+
 /// The peak RSS (`VmHWM`) of process `pid`, in KiB.
 pub fn peak_rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
