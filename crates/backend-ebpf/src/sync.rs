@@ -43,6 +43,10 @@ pub struct EbpfOptions {
     pub maglev_size: u32,
     /// How the tc program returns external traffic it would SNAT (`--ebpf-external-mode`).
     pub external_mode: ExternalMode,
+    /// A cold start on the calling thread alone, one phase after another (objects, program
+    /// loads, then the sync) instead of loading the programs while the maps are filled:
+    /// for measurements (the benchmark's before/after in one run). Off by default.
+    pub cold_start_on_one_thread: bool,
 }
 
 /// How external traffic to another node's endpoint comes back, where the plan masquerades
@@ -67,6 +71,7 @@ impl Default for EbpfOptions {
             sizes: MapSizes::default(),
             maglev_size: svcplane_bpf::maglev::DEFAULT_TABLE_SIZE,
             external_mode: ExternalMode::Snat,
+            cold_start_on_one_thread: false,
         }
     }
 }
@@ -303,6 +308,32 @@ impl EbpfBackend {
                 Err(error)
             }
         }
+    }
+
+    /// [`EbpfOptions::cold_start_on_one_thread`]: the objects opened, the programs loaded
+    /// and attached one after another, before any map is filled.
+    fn open_on_one_thread(&mut self) -> Result<(), BpfError> {
+        let at = Instant::now();
+        let cgroup = match &self.options.cgroup {
+            Some(path) => path.clone(),
+            None => svcplane_bpf::sys::cgroup2_mount()?,
+        };
+        let options = SockLbOptions { bpf_root: self.options.bpf_root.clone(), cgroup, sizes: self.options.sizes };
+        let cookie = svcplane_bpf::sys::current_netns_cookie()?;
+        let lb = SockLb::open(&options, cookie)?;
+        let at = self.phase("opening, loading and attaching the socket programs", at);
+        let mut tc = TcNat::open(&self.options.bpf_root, self.options.sizes, self.options.maglev_size)?
+            .with_direct_server_return(self.options.external_mode == ExternalMode::Dsr);
+        let at = self.phase("opening and loading the tc program", at);
+        let interfaces = svcplane_bpf::tc::node_interfaces()?;
+        for interface in &interfaces {
+            tc.attach(interface)?;
+        }
+        self.phase("attaching the tc program to the interfaces", at);
+        self.lb = Some(lb);
+        self.tc = Some(tc);
+        self.tc_interfaces = interfaces;
+        Ok(())
     }
 
     /// This thread's part of [`EbpfBackend::open_and_full_sync`]: render, then fill the
@@ -882,7 +913,9 @@ impl Dataplane for EbpfBackend {
 
     fn sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<SyncReport, DataplaneError> {
         self.phases.clear();
-        let result = if self.lb.is_none() {
+        let result = if self.lb.is_none() && self.options.cold_start_on_one_thread {
+            self.open_on_one_thread().and_then(|()| self.full_sync(plan))
+        } else if self.lb.is_none() {
             self.open_and_full_sync(plan)
         } else if self.full_pending {
             self.full_sync(plan)
