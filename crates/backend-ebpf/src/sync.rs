@@ -384,6 +384,9 @@ impl EbpfBackend {
         let old_services: BTreeSet<ServiceKey> = lb.services.keys().filter_map(Result::ok).collect();
         let old_backends: BTreeSet<BackendKey> = lb.backends.keys().filter_map(Result::ok).collect();
         let old_live: BTreeSet<LiveKey> = lb.live.keys().filter_map(Result::ok).collect();
+        // Read before the new names are written: on a fresh node, one lookup instead of one
+        // per name written.
+        let old_names: Vec<u32> = lb.names.keys().filter_map(Result::ok).collect();
         let highest = old_backends
             .iter()
             .map(|k| k.backend_set)
@@ -427,11 +430,11 @@ impl EbpfBackend {
             record.iter().map(|(key, written)| (written.port_id, port_name(key))).unzip();
         svcplane_bpf::sys::update_batch(IterableMap::map(&lb.names), &name_ids, &name_values)
             .map_err(|source| batch_error(svcplane_bpf::maps::PORT_NAMES_MAP, lb.sizes.services, source))?;
-        let live_ids: BTreeSet<u32> = name_ids.iter().copied().collect();
-        let stale_names: Vec<u32> =
-            lb.names.keys().filter_map(Result::ok).filter(|id| !live_ids.contains(id)).collect();
-        for id in stale_names {
-            let _ = lb.names.remove(&id);
+        if !old_names.is_empty() {
+            let live_ids: BTreeSet<u32> = name_ids.iter().copied().collect();
+            for id in old_names.into_iter().filter(|id| !live_ids.contains(id)) {
+                let _ = lb.names.remove(&id);
+            }
         }
         self.phase("port names", at);
         Ok(Filled { record, bulk, old_services, old_backends, old_live, wanted, operations })
