@@ -133,6 +133,15 @@ impl MapUsage {
     }
 }
 
+/// A full sync's ids and batches, before the maps are read.
+#[derive(Debug)]
+struct Built {
+    record: BTreeMap<PlanKey, Written>,
+    bulk: Bulk,
+    /// The first id given.
+    first_id: u32,
+}
+
 /// What the first part of a full sync wrote and found, for the rest of it.
 #[derive(Debug)]
 struct Filled {
@@ -347,11 +356,13 @@ impl EbpfBackend {
         let at = Instant::now();
         let rendered = self.render_plan(plan);
         let at = self.phase("rendering the plan", at);
+        let built = rendered.map(|rendered| self.build_batches(plan, rendered));
+        let at = self.phase("giving ids, building the batches", at);
         // Always received (so kept alive), even when rendering failed.
         let lb = lb.recv().unwrap_or_else(|_| Err(panicked("opening the socket maps")));
         self.phase("waiting for the socket maps", at);
         self.lb = Some(lb?);
-        let filled = self.fill_socket_maps(plan, rendered?);
+        let filled = self.fill_socket_maps(built?);
         let at = Instant::now();
         let tc = tc.recv().unwrap_or_else(|_| Err(panicked("opening the tc maps")));
         self.phase("waiting for the tc maps", at);
@@ -363,8 +374,10 @@ impl EbpfBackend {
     fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, BpfError> {
         let at = Instant::now();
         let rendered = self.render_plan(plan)?;
-        self.phase("rendering the plan", at);
-        let filled = self.fill_socket_maps(plan, rendered)?;
+        let at = self.phase("rendering the plan", at);
+        let built = self.build_batches(plan, rendered);
+        self.phase("giving ids, building the batches", at);
+        let filled = self.fill_socket_maps(built)?;
         self.finish_full_sync(plan, filled)
     }
 
@@ -374,31 +387,14 @@ impl EbpfBackend {
         Ok(plan.service_ports.values().map(|port| render_port(plan, port, &self.node)).collect())
     }
 
-    /// The first part of a full sync: adopts what the socket maps hold, gives the rendered
-    /// ports fresh ids, refuses what would not fit, writes the endpoint slots, serving
-    /// endpoints, frontends and port names in bulk.
-    fn fill_socket_maps(&mut self, plan: &NodePlan, rendered: Vec<PortEntries>) -> Result<Filled, BpfError> {
-        let at = Instant::now();
-        let lb = self.lb.as_mut().expect("opened");
-        // Adopt: whatever is in the maps now, from us or an earlier process.
-        let old_services: BTreeSet<ServiceKey> = lb.services.keys().filter_map(Result::ok).collect();
-        let old_backends: BTreeSet<BackendKey> = lb.backends.keys().filter_map(Result::ok).collect();
-        let old_live: BTreeSet<LiveKey> = lb.live.keys().filter_map(Result::ok).collect();
-        // Read before the new names are written: on a fresh node, one lookup instead of one
-        // per name written.
-        let old_names: Vec<u32> = lb.names.keys().filter_map(Result::ok).collect();
-        let highest = old_backends
-            .iter()
-            .map(|k| k.backend_set)
-            .chain(lb.services.iter().filter_map(Result::ok).map(|(_, v)| v.backend_set.max(v.port_id)))
-            .chain(old_live.iter().map(|k| k.port_id));
-        self.next_set = self.next_set.max(highest.max().unwrap_or(0).saturating_add(1));
-        let at = self.phase("reading what the maps hold", at);
-
+    /// Ids (from the next unused one on) and the batches of a full sync, for the rendered
+    /// ports: no map is read yet ([`EbpfBackend::fill_socket_maps`] moves the ids above
+    /// any the maps hold).
+    fn build_batches(&mut self, plan: &NodePlan, rendered: Vec<PortEntries>) -> Built {
+        let first_id = self.next_set;
         let mut record = BTreeMap::new();
         let mut bulk = Bulk::default();
         for (key, entries) in plan.service_ports.keys().zip(rendered) {
-            // Fresh ids: an id in use by an old entry is never overwritten under it.
             let set_ids: BTreeMap<EndpointSetKind, u32> = entries
                 .sets
                 .keys()
@@ -414,6 +410,47 @@ impl EbpfBackend {
             bulk.add(&written);
             record.insert(key.clone(), written);
         }
+        Built { record, bulk, first_id }
+    }
+
+    /// The first part of a full sync: adopts what the socket maps hold, gives the rendered
+    /// ports fresh ids, refuses what would not fit, writes the endpoint slots, serving
+    /// endpoints, frontends and port names in bulk.
+    fn fill_socket_maps(&mut self, built: Built) -> Result<Filled, BpfError> {
+        let at = Instant::now();
+        let Built { mut record, mut bulk, first_id } = built;
+        let lb = self.lb.as_mut().expect("opened");
+        // Adopt: whatever is in the maps now, from us or an earlier process.
+        let old_services: BTreeSet<ServiceKey> = lb.services.keys().filter_map(Result::ok).collect();
+        let old_backends: BTreeSet<BackendKey> = lb.backends.keys().filter_map(Result::ok).collect();
+        let old_live: BTreeSet<LiveKey> = lb.live.keys().filter_map(Result::ok).collect();
+        // Read before the new names are written: on a fresh node, one lookup instead of one
+        // per name written.
+        let old_names: Vec<u32> = lb.names.keys().filter_map(Result::ok).collect();
+        let highest = old_backends
+            .iter()
+            .map(|k| k.backend_set)
+            .chain(lb.services.iter().filter_map(Result::ok).map(|(_, v)| v.backend_set.max(v.port_id)))
+            .chain(old_live.iter().map(|k| k.port_id))
+            .max()
+            .unwrap_or(0);
+        // Fresh ids: an id in use by an old entry is never overwritten under it. The ids
+        // were given before the maps were read: moved above the highest in use if need be
+        // (a restart adopting maps an earlier process filled).
+        if highest >= first_id {
+            let offset = highest + 1 - first_id;
+            for written in record.values_mut() {
+                written.port_id += offset;
+                for id in written.set_ids.values_mut() {
+                    *id += offset;
+                }
+            }
+            self.next_set += offset;
+            bulk = Bulk::default();
+            for written in record.values() {
+                bulk.add(written);
+            }
+        }
         // Refused before anything is written if it cannot fit. Endpoint slots get fresh set
         // ids, so the old ones stay until the new are in: both must fit at once.
         let mut wanted = MapUsage::default();
@@ -421,7 +458,7 @@ impl EbpfBackend {
             wanted.add(written.usage());
         }
         self.check_room(MapUsage { backends: wanted.backends + old_backends.len(), ..wanted })?;
-        let at = self.phase("giving ids, building the batches", at);
+        let at = self.phase("reading what the maps hold", at);
         let lb = self.lb.as_mut().expect("opened");
         let operations = bulk.write(lb)?;
         let at = self.phase("batched writes: slots, serving endpoints, frontends", at);
