@@ -41,6 +41,8 @@ struct Args {
     connects: usize,
     others: usize,
     bulk_mib: usize,
+    /// Also show where the eBPF cold sync's time goes, and its floor.
+    phases: bool,
     markdown: Option<PathBuf>,
 }
 
@@ -53,6 +55,7 @@ fn parse_args() -> anyhow::Result<Args> {
         connects: 2000,
         others: 30_000,
         bulk_mib: 512,
+        phases: false,
         markdown: None,
     };
     let mut it = std::env::args().skip(1);
@@ -67,9 +70,10 @@ fn parse_args() -> anyhow::Result<Args> {
             "--others" => args.others = value()?.parse()?,
             "--bulk-mib" => args.bulk_mib = value()?.parse()?,
             "--markdown" => args.markdown = Some(value()?.into()),
+            "--phases" => args.phases = true,
             "--bench" => {}
             other => bail!(
-                "unknown argument {other:?} (--sizes A,B --endpoints E --repeat N --changes N --connects N --others N --bulk-mib N --markdown FILE)"
+                "unknown argument {other:?} (--sizes A,B --endpoints E --repeat N --changes N --connects N --others N --bulk-mib N --phases --markdown FILE)"
             ),
         }
     }
@@ -109,12 +113,13 @@ impl Sandbox {
     }
 
     /// eBPF mode with maps sized for `services` x `endpoints` (as `--bpf-map-*` would).
-    fn ebpf(&self, services: usize, endpoints: usize) -> EbpfBackend {
+    fn ebpf(&self, services: usize, endpoints: usize, cold_start_on_one_thread: bool) -> EbpfBackend {
         let sizes = sizes_for(services, endpoints);
         EbpfBackend::new(EbpfOptions {
             bpf_root: self.bpf_root.clone(),
             cgroup: Some(self.cgroup.clone()),
             sizes,
+            cold_start_on_one_thread,
             ..EbpfOptions::default()
         })
     }
@@ -149,6 +154,34 @@ fn sizes_for(services: usize, endpoints: usize) -> MapSizes {
 // ---------------------------------------------------------------------------------------
 // Measurements
 
+/// Cold starts of one kind: their times and each phase's.
+#[derive(Debug, Default)]
+struct Cold {
+    samples: Vec<Duration>,
+    phases: Vec<(&'static str, Vec<Duration>)>,
+}
+
+impl Cold {
+    /// One cold full sync of `plan` by `backend` in `sandbox`.
+    fn run(&mut self, sandbox: &Sandbox, backend: &mut EbpfBackend, plan: &NodePlan) -> anyhow::Result<()> {
+        let (took, result) = sandbox.run(|| time(|| backend.sync(plan, &PlanDiff::default())))?;
+        let report = result.map_err(|error| anyhow::anyhow!("eBPF full sync: {error}"))?;
+        ensure!(report.full, "the first sync is a full one");
+        self.samples.push(took);
+        for (phase, took) in backend.last_sync_phases() {
+            match self.phases.iter_mut().find(|(name, _)| name == phase) {
+                Some((_, samples)) => samples.push(*took),
+                None => self.phases.push((phase, vec![*took])),
+            }
+        }
+        Ok(())
+    }
+
+    fn min(&self) -> Duration {
+        self.samples.iter().min().copied().unwrap_or_default()
+    }
+}
+
 #[derive(Debug, Default)]
 struct Table {
     lines: Vec<String>,
@@ -174,28 +207,56 @@ fn run_size(args: &Args, size: usize, out: &mut String) -> anyhow::Result<()> {
     table.row(&["phase".into(), "median".into(), "min".into(), "runs".into(), "note".into()]);
     table.row(&["---".into(), "---:".into(), "---:".into(), "---:".into(), "---".into()]);
 
-    // Cold program, eBPF: a full sync into a fresh sandbox.
-    let mut samples = Vec::new();
+    // Cold program, eBPF: a full sync into a fresh sandbox. With --phases, each run is
+    // followed by the same cold start on one thread (the program loads, then the sync: the
+    // code before the loads moved to threads of their own) and by the floor (a cold start
+    // with an empty plan: nothing to write, maps of the same sizes), alternating so all
+    // three see the same machine.
+    let mut threaded = Cold::default();
+    let mut one_thread = Cold::default();
+    let mut floor = Cold::default();
+    let empty = NodePlan::build(&svcplane_core::ClusterState::new(), node_config(Vec::new()));
     let mut kept = None;
     for _ in 0..args.repeat {
         drop(kept.take());
         let sandbox = Sandbox::fresh()?;
-        let mut backend = sandbox.ebpf(size, args.endpoints);
-        let (took, result) = sandbox.run(|| time(|| backend.sync(&plan, &PlanDiff::default())))?;
-        let report = result.map_err(|error| anyhow::anyhow!("eBPF full sync: {error}"))?;
-        ensure!(report.full, "the first sync is a full one");
-        samples.push(took);
+        let mut backend = sandbox.ebpf(size, args.endpoints, false);
+        threaded.run(&sandbox, &mut backend, &plan)?;
         kept = Some((backend, sandbox));
+        if args.phases {
+            // Each sandbox is removed before the next run.
+            {
+                let sandbox = Sandbox::fresh()?;
+                one_thread.run(&sandbox, &mut sandbox.ebpf(size, args.endpoints, true), &plan)?;
+            }
+            let sandbox = Sandbox::fresh()?;
+            floor.run(&sandbox, &mut sandbox.ebpf(size, args.endpoints, false), &empty)?;
+        }
     }
-    let ebpf_cold = median(samples.clone());
-    let min = samples.iter().min().copied().unwrap_or_default();
+    let ebpf_cold = median(threaded.samples.clone());
     table.row(&[
         "**eBPF: program cold** (load + attach + fill maps)".into(),
         show(ebpf_cold),
-        show(min),
-        samples.len().to_string(),
+        show(threaded.min()),
+        threaded.samples.len().to_string(),
         "EbpfBackend full sync".into(),
     ]);
+    if args.phases {
+        table.row(&[
+            "eBPF: program cold on one thread (loads, then the sync)".into(),
+            show(median(one_thread.samples.clone())),
+            show(one_thread.min()),
+            one_thread.samples.len().to_string(),
+            "the same, `cold_start_on_one_thread`".into(),
+        ]);
+        table.row(&[
+            "eBPF: program cold, empty plan (the floor: open, load, attach)".into(),
+            show(median(floor.samples.clone())),
+            show(floor.min()),
+            floor.samples.len().to_string(),
+            "nothing to write; maps of the same sizes".into(),
+        ]);
+    }
     let (mut backend, sandbox) = kept.expect("repeat > 0");
     let memory = svcplane_bpf::sys::pinned_map_memory(&sandbox.bpf_root)?;
 
@@ -268,6 +329,27 @@ fn run_size(args: &Args, size: usize, out: &mut String) -> anyhow::Result<()> {
         ebpf_cold.as_secs_f64() / nft_cold.as_secs_f64(),
         ebpf_change.as_secs_f64() / nft_change.as_secs_f64()
     )?;
+    if args.phases {
+        for (title, cold) in [("the cold sync", &threaded), ("the cold sync on one thread", &one_thread)] {
+            writeln!(
+                out,
+                "Where {title} goes (median, min and max of {} runs; phases marked \"own thread\" overlap the others):\n",
+                cold.samples.len()
+            )?;
+            let mut lines =
+                vec!["| phase | median | min | max |".to_owned(), "| --- | ---: | ---: | ---: |".to_owned()];
+            for (phase, samples) in &cold.phases {
+                let min = samples.iter().min().copied().unwrap_or_default();
+                let max = samples.iter().max().copied().unwrap_or_default();
+                lines.push(format!("| {phase} | {} | {} | {} |", show(median(samples.clone())), show(min), show(max)));
+            }
+            lines.push(format!("| **whole** | {} | {} | |", show(median(cold.samples.clone())), show(cold.min())));
+            for line in &lines {
+                eprintln!("{line}");
+            }
+            writeln!(out, "{}\n", lines.join("\n"))?;
+        }
+    }
     Ok(())
 }
 

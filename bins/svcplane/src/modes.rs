@@ -91,6 +91,7 @@ fn ebpf_options(args: &EbpfArgs) -> EbpfOptions {
             EbpfExternalMode::Snat => ExternalMode::Snat,
             EbpfExternalMode::Dsr => ExternalMode::Dsr,
         },
+        ..EbpfOptions::default()
     }
 }
 

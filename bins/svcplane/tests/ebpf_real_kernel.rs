@@ -360,3 +360,209 @@ fn the_nodes_own_connected_udp_socket_to_an_endpoint_that_went_away_is_closed_an
     assert!(cluster.proxy_log(THIS_NODE).contains("closed the node's UDP sockets"), "the proxy logged the closing");
     cluster.teardown();
 }
+
+// ---------------------------------------------------------------------------------------
+// The backend alone: a cold start loads the programs on threads of their own while it
+// fills the maps; it must leave exactly what a cold start on one thread leaves, be adopted
+// by a later process, and be followed by right partial syncs.
+
+mod cold_start {
+    use std::collections::BTreeMap;
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions};
+    use svcplane_bpf::{BackendKey, BackendValue, Scope, ServiceKey, ServiceValue};
+    use svcplane_core::{
+        Change, ClusterState, Dataplane, Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, NodeConfig,
+        NodePlan, PlanDiff, Protocol, Service, ServicePort,
+    };
+
+    const SERVICES: usize = 40;
+    const ENDPOINTS: usize = 3;
+
+    /// A network namespace, a cgroup and a bpf root of the test's own, removed on drop.
+    struct Sandbox {
+        netns: String,
+        cgroup: PathBuf,
+        bpf_root: PathBuf,
+    }
+
+    impl Sandbox {
+        fn new(tag: &str) -> Self {
+            let netns = format!("svcp-cold-{}-{tag}", std::process::id());
+            let status = Command::new("ip").args(["netns", "add", &netns]).status().expect("ip netns add");
+            assert!(status.success(), "ip netns add {netns}");
+            let cgroup = svcplane_testbed::cgroup::cgroup2_mount().expect("a cgroup2 mount").join(&netns);
+            std::fs::create_dir(&cgroup).expect("creating the test's cgroup");
+            let bpf_root = std::env::temp_dir().join(format!("{netns}-bpf"));
+            Self { netns, cgroup, bpf_root }
+        }
+
+        fn backend(&self, cold_start_on_one_thread: bool) -> EbpfBackend {
+            EbpfBackend::new(EbpfOptions {
+                bpf_root: self.bpf_root.clone(),
+                cgroup: Some(self.cgroup.clone()),
+                cold_start_on_one_thread,
+                ..EbpfOptions::default()
+            })
+        }
+
+        /// A sync from inside the namespace (the backend reads the node from its thread).
+        fn sync(&self, backend: &mut EbpfBackend, plan: &NodePlan, diff: &PlanDiff) -> svcplane_core::SyncReport {
+            svcplane_testbed::run_in_namespace(&self.netns, || backend.sync(plan, diff))
+                .expect("entering the namespace")
+                .expect("the sync")
+        }
+
+        /// Every entry of the services and backends maps.
+        fn maps(&self) -> (BTreeMap<ServiceKey, ServiceValue>, BTreeMap<BackendKey, BackendValue>) {
+            let (services, backends) =
+                svcplane_bpf::sock_lb::open_pinned_services(&self.bpf_root).expect("opening the pinned maps");
+            (services.iter().map(Result::unwrap).collect(), backends.iter().map(Result::unwrap).collect())
+        }
+    }
+
+    impl Drop for Sandbox {
+        fn drop(&mut self) {
+            let _ = svcplane_bpf::cleanup(&self.bpf_root);
+            let _ = std::fs::remove_dir(&self.cgroup);
+            let _ = Command::new("ip").args(["netns", "del", &self.netns]).status();
+        }
+    }
+
+    fn service_ip(s: usize) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(198, 19, 0, s as u8 + 1))
+    }
+
+    fn slice(s: usize, first: IpAddr) -> EndpointSlice {
+        let service = NamespacedName::new("cold", format!("svc-{s}"));
+        let mut addresses: Vec<IpAddr> =
+            (0..ENDPOINTS).map(|e| IpAddr::V4(Ipv4Addr::new(198, 18, 128 + e as u8, s as u8 + 1))).collect();
+        addresses[0] = first;
+        EndpointSlice {
+            last_change_trigger: None,
+            name: NamespacedName::new("cold", format!("svc-{s}-slice")),
+            service,
+            family: IpFamily::V4,
+            ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
+            endpoints: addresses.iter().map(|ip| Endpoint::ready(*ip, Some("node2"))).collect(),
+        }
+    }
+
+    fn cluster() -> ClusterState {
+        let mut state = ClusterState::new();
+        for s in 0..SERVICES {
+            let name = NamespacedName::new("cold", format!("svc-{s}"));
+            let port = ServicePort { name: "http".into(), protocol: Protocol::Tcp, port: 80, node_port: None };
+            state.apply(Change::ServiceUpserted(Service::cluster_ip(name, vec![service_ip(s)], vec![port])));
+            state.apply(Change::SliceUpserted(slice(s, IpAddr::V4(Ipv4Addr::new(198, 18, 128, s as u8 + 1)))));
+        }
+        state
+    }
+
+    fn node_config() -> NodeConfig {
+        NodeConfig {
+            node_name: "node1".into(),
+            cluster_cidrs: vec!["198.18.128.0/17".parse().unwrap()],
+            ..NodeConfig::default()
+        }
+    }
+
+    /// The endpoints a pod of the node reaches through Service `s`, as the maps say.
+    fn endpoints_of(
+        s: usize,
+        services: &BTreeMap<ServiceKey, ServiceValue>,
+        backends: &BTreeMap<BackendKey, BackendValue>,
+    ) -> Vec<SocketAddr> {
+        let key = ServiceKey::new(SocketAddr::new(service_ip(s), 80), svcplane_bpf::maps::PROTO_TCP, Scope::Pod);
+        let value = services.get(&key).unwrap_or_else(|| panic!("Service {s} is in the services map"));
+        (0..value.count)
+            .map(|slot| {
+                let key = BackendKey { backend_set: value.backend_set, slot };
+                backends.get(&key).unwrap_or_else(|| panic!("slot {slot} of Service {s}")).address()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_cold_start_loading_on_threads_leaves_what_one_thread_leaves_is_adopted_and_partial_syncs_follow_right() {
+        if !svcplane_testbed::can_run_real_kernel_tests("ebpf cold start on threads") {
+            return;
+        }
+        let mut state = cluster();
+        let mut plan = NodePlan::build(&state, node_config());
+        state.take_changes();
+
+        let threaded = Sandbox::new("threads");
+        let one_thread = Sandbox::new("one");
+        let mut backend = threaded.backend(false);
+        assert!(threaded.sync(&mut backend, &plan, &PlanDiff::default()).full, "the first sync is a full one");
+        let mut serial = one_thread.backend(true);
+        assert!(one_thread.sync(&mut serial, &plan, &PlanDiff::default()).full, "the first sync is a full one");
+        drop(serial);
+        assert_eq!(svcplane_bpf::sock_lb::missing_pins(&threaded.bpf_root), Vec::<PathBuf>::new(), "every pin");
+        let phases: Vec<&str> = backend.last_sync_phases().iter().map(|(name, _)| *name).collect();
+        assert!(
+            phases.contains(&"loading and attaching the socket programs (own thread)")
+                && phases.contains(&"loading the tc program (own thread)"),
+            "the programs were loaded on threads of their own: {phases:?}"
+        );
+
+        let (services, backends) = threaded.maps();
+        assert_eq!((services.clone(), backends.clone()), one_thread.maps(), "the same entries either way");
+        assert_eq!(backends.len(), SERVICES * ENDPOINTS, "one slot per endpoint");
+        assert_eq!(
+            endpoints_of(7, &services, &backends),
+            (0..ENDPOINTS)
+                .map(|e| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 128 + e as u8, 8)), 8080))
+                .collect::<Vec<_>>(),
+            "Service 7's endpoints in slot order"
+        );
+
+        // A new process adopts the pinned maps and links: its cold start rewrites every
+        // entry with fresh ids and removes the old ones.
+        drop(backend);
+        let mut backend = threaded.backend(false);
+        assert!(threaded.sync(&mut backend, &plan, &PlanDiff::default()).full, "a new process syncs in full");
+        let (adopted_services, adopted_backends) = threaded.maps();
+        assert_eq!(
+            adopted_services.keys().collect::<Vec<_>>(),
+            services.keys().collect::<Vec<_>>(),
+            "the same frontends"
+        );
+        assert_eq!(adopted_backends.len(), backends.len(), "the old slots are gone");
+        assert!(
+            adopted_services
+                .values()
+                .zip(services.values())
+                .all(|(new, old)| new.backend_set != old.backend_set || new.count == 0),
+            "fresh set ids"
+        );
+        assert_eq!(endpoints_of(7, &adopted_services, &adopted_backends), endpoints_of(7, &services, &backends));
+
+        // A partial sync after the cold start: Service 7's first endpoint moves.
+        let moved = IpAddr::V4(Ipv4Addr::new(198, 18, 254, 1));
+        state.apply(Change::SliceUpserted(slice(7, moved)));
+        let changes = state.take_changes();
+        let diff = plan.update(&state, &changes);
+        assert!(!threaded.sync(&mut backend, &plan, &diff).full, "a partial sync");
+        let (after_services, after_backends) = threaded.maps();
+        let endpoints = endpoints_of(7, &after_services, &after_backends);
+        assert!(endpoints.contains(&SocketAddr::new(moved, 8080)), "the moved endpoint is in: {endpoints:?}");
+        assert!(
+            !endpoints.contains(&SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 128, 8)), 8080)),
+            "the old one is out: {endpoints:?}"
+        );
+        assert_eq!(endpoints.len(), ENDPOINTS);
+        assert_eq!(after_backends.len(), backends.len(), "no slot left behind");
+        for s in (0..SERVICES).filter(|s| *s != 7) {
+            assert_eq!(
+                endpoints_of(s, &after_services, &after_backends),
+                endpoints_of(s, &adopted_services, &adopted_backends),
+                "Service {s} untouched"
+            );
+        }
+    }
+}

@@ -1,7 +1,8 @@
 //! svcplane's eBPF mode: spells the core's per-node plan as entries of the socket-level
 //! balancer's BPF maps (every frontend, once for the node itself and once for its pods,
 //! leading to an endpoint set, a refusal or a drop) and keeps them in sync by diff against
-//! an in-memory record of what it wrote.
+//! an in-memory record of what it wrote. Its first sync has `svcplane-bpf` load the programs
+//! on threads of their own while it fills the maps (see `docs/backend-ebpf.md`, "Cold start").
 //!
 //! What it does not do: decide any Service rule (the plan does), or load, pin and attach
 //! programs itself (`svcplane-bpf` does). Traffic from outside the node (tc programs) is not

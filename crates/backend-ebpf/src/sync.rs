@@ -43,6 +43,10 @@ pub struct EbpfOptions {
     pub maglev_size: u32,
     /// How the tc program returns external traffic it would SNAT (`--ebpf-external-mode`).
     pub external_mode: ExternalMode,
+    /// A cold start on the calling thread alone, one phase after another (objects, program
+    /// loads, then the sync) instead of loading the programs while the maps are filled:
+    /// for measurements (the benchmark's before/after in one run). Off by default.
+    pub cold_start_on_one_thread: bool,
 }
 
 /// How external traffic to another node's endpoint comes back, where the plan masquerades
@@ -67,6 +71,7 @@ impl Default for EbpfOptions {
             sizes: MapSizes::default(),
             maglev_size: svcplane_bpf::maglev::DEFAULT_TABLE_SIZE,
             external_mode: ExternalMode::Snat,
+            cold_start_on_one_thread: false,
         }
     }
 }
@@ -128,6 +133,27 @@ impl MapUsage {
     }
 }
 
+/// A full sync's ids and batches, before the maps are read.
+#[derive(Debug)]
+struct Built {
+    record: BTreeMap<PlanKey, Written>,
+    bulk: Bulk,
+    /// The first id given.
+    first_id: u32,
+}
+
+/// What the first part of a full sync wrote and found, for the rest of it.
+#[derive(Debug)]
+struct Filled {
+    record: BTreeMap<PlanKey, Written>,
+    bulk: Bulk,
+    old_services: BTreeSet<ServiceKey>,
+    old_backends: BTreeSet<BackendKey>,
+    old_live: BTreeSet<LiveKey>,
+    wanted: MapUsage,
+    operations: usize,
+}
+
 /// svcplane's eBPF mode.
 #[derive(Debug)]
 pub struct EbpfBackend {
@@ -147,6 +173,10 @@ pub struct EbpfBackend {
     node: NodeAddresses,
     last_drift_check: Option<Instant>,
     last_count_check: Option<Instant>,
+    /// How long each phase of the last sync took ([`EbpfBackend::last_sync_phases`]).
+    phases: Vec<(&'static str, Duration)>,
+    /// The report of a cold sync, until its programs are attached.
+    cold_report: Option<SyncReport>,
 }
 
 impl EbpfBackend {
@@ -165,17 +195,134 @@ impl EbpfBackend {
             node: NodeAddresses::default(),
             last_drift_check: None,
             last_count_check: None,
+            phases: Vec::new(),
+            cold_report: None,
         }
+    }
+
+    /// How long each phase of the last sync took, in the order they ended. A sync that
+    /// opens the programs loads them on two threads of their own while the calling thread
+    /// fills the maps: those phases overlap, and "waiting for the program loads" is the
+    /// time the filled maps waited for them.
+    pub fn last_sync_phases(&self) -> &[(&'static str, Duration)] {
+        &self.phases
+    }
+
+    fn phase(&mut self, name: &'static str, started: Instant) -> Instant {
+        let now = Instant::now();
+        self.phases.push((name, now - started));
+        now
     }
 
     pub fn options(&self) -> &EbpfOptions {
         &self.options
     }
 
-    fn open(&mut self) -> Result<(), BpfError> {
-        if self.lb.is_some() {
-            return Ok(());
+    /// Opens the objects, loads and attaches the programs and syncs in full, on three
+    /// threads: one opens the socket object (its maps are created, or adopted by their
+    /// pins) and then loads and attaches its programs; one waits for those maps to be
+    /// pinned, opens the tc object (which shares them) and loads its program; this one
+    /// renders the plan meanwhile, fills the socket maps as soon as they exist and the tc
+    /// maps once those do. The programs need not be loaded for their maps to be filled, so
+    /// the verifier's work (most of a cold start) overlaps the rendering and the writes.
+    /// The tc program is attached to the node's interfaces from this thread (the node's
+    /// network namespace) once it is loaded. Lookups before the sync ends see what was
+    /// there (nothing on a fresh node, the old entries on a restart): the write order
+    /// holds either way.
+    fn open_and_full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, BpfError> {
+        let cgroup = match &self.options.cgroup {
+            Some(path) => path.clone(),
+            None => svcplane_bpf::sys::cgroup2_mount()?,
+        };
+        let options = SockLbOptions { bpf_root: self.options.bpf_root.clone(), cgroup, sizes: self.options.sizes };
+        let cookie = svcplane_bpf::sys::current_netns_cookie()?;
+        let (bpf_root, sizes, maglev_size) =
+            (self.options.bpf_root.clone(), self.options.sizes, self.options.maglev_size);
+        let (lb_sender, lb_receiver) = std::sync::mpsc::channel();
+        let (pinned_sender, pinned_receiver) = std::sync::mpsc::channel::<()>();
+        let (tc_sender, tc_receiver) = std::sync::mpsc::channel();
+        type Timings = Vec<(&'static str, Duration)>;
+        let (synced, sock_thread, tc_thread) = std::thread::scope(|scope| {
+            let sock = scope.spawn(move || -> (Result<bool, BpfError>, Timings) {
+                let started = Instant::now();
+                let opened = SockLb::open_maps(&options, cookie);
+                let mut timings = vec![("opening the socket object and its maps (own thread)", started.elapsed())];
+                let programs = match opened {
+                    Ok((lb, programs)) => {
+                        let _ = lb_sender.send(Ok(lb));
+                        let _ = pinned_sender.send(());
+                        programs
+                    }
+                    Err(error) => {
+                        let _ = lb_sender.send(Err(error));
+                        return (Ok(false), timings);
+                    }
+                };
+                let started = Instant::now();
+                let attached = programs.attach();
+                timings.push(("loading and attaching the socket programs (own thread)", started.elapsed()));
+                (attached, timings)
+            });
+            let tc = scope.spawn(move || -> (Result<Option<svcplane_bpf::tc::TcProgram>, BpfError>, Timings) {
+                // The tc object shares the socket object's maps through their pins.
+                if pinned_receiver.recv().is_err() {
+                    return (Ok(None), Vec::new());
+                }
+                let started = Instant::now();
+                let opened = TcNat::open_maps(&bpf_root, sizes, maglev_size);
+                let mut timings = vec![("opening the tc object and its maps (own thread)", started.elapsed())];
+                let program = match opened {
+                    Ok((tc, program)) => {
+                        let _ = tc_sender.send(Ok(tc));
+                        program
+                    }
+                    Err(error) => {
+                        let _ = tc_sender.send(Err(error));
+                        return (Ok(None), timings);
+                    }
+                };
+                let started = Instant::now();
+                let loaded = program.load().map(Some);
+                timings.push(("loading the tc program (own thread)", started.elapsed()));
+                (loaded, timings)
+            });
+            // Every map received is kept in `self` until both threads are joined: the
+            // programs being loaded refer to them by file descriptor.
+            let synced = self.cold_sync(plan, &lb_receiver, &tc_receiver);
+            (synced, sock.join(), tc.join())
+        });
+        let at = Instant::now();
+        let (sock_attached, sock_timings) = sock_thread.map_err(|_| panicked("opening the socket programs"))?;
+        let (tc_loaded, tc_timings) = tc_thread.map_err(|_| panicked("opening the tc program"))?;
+        self.phases.extend(sock_timings);
+        self.phases.extend(tc_timings);
+        let opened = synced.and(sock_attached).and(tc_loaded).and_then(|program| {
+            let program = program.ok_or_else(|| panicked("the tc program was not loaded"))?;
+            let tc = self.tc.take().ok_or_else(|| panicked("the tc maps were not opened"))?.with_program(program);
+            let tc = self.tc.insert(tc);
+            let interfaces = svcplane_bpf::tc::node_interfaces()?;
+            for interface in &interfaces {
+                tc.attach(interface)?;
+            }
+            self.tc_interfaces = interfaces;
+            Ok(())
+        });
+        self.phase("attaching the tc program to the interfaces", at);
+        match opened {
+            Ok(()) => Ok(self.cold_report.take().expect("set by a cold sync that succeeded")),
+            Err(error) => {
+                // Opened again, and synced in full, on the next try.
+                self.lb = None;
+                self.tc = None;
+                Err(error)
+            }
         }
+    }
+
+    /// [`EbpfOptions::cold_start_on_one_thread`]: the objects opened, the programs loaded
+    /// and attached one after another, before any map is filled.
+    fn open_on_one_thread(&mut self) -> Result<(), BpfError> {
+        let at = Instant::now();
         let cgroup = match &self.options.cgroup {
             Some(path) => path.clone(),
             None => svcplane_bpf::sys::cgroup2_mount()?,
@@ -183,37 +330,71 @@ impl EbpfBackend {
         let options = SockLbOptions { bpf_root: self.options.bpf_root.clone(), cgroup, sizes: self.options.sizes };
         let cookie = svcplane_bpf::sys::current_netns_cookie()?;
         let lb = SockLb::open(&options, cookie)?;
+        let at = self.phase("opening, loading and attaching the socket programs", at);
         let mut tc = TcNat::open(&self.options.bpf_root, self.options.sizes, self.options.maglev_size)?
             .with_direct_server_return(self.options.external_mode == ExternalMode::Dsr);
+        let at = self.phase("opening and loading the tc program", at);
         let interfaces = svcplane_bpf::tc::node_interfaces()?;
         for interface in &interfaces {
             tc.attach(interface)?;
         }
+        self.phase("attaching the tc program to the interfaces", at);
         self.lb = Some(lb);
         self.tc = Some(tc);
         self.tc_interfaces = interfaces;
         Ok(())
     }
 
-    fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, BpfError> {
-        self.node = NodeAddresses { local: local_addresses()? };
-        let lb = self.lb.as_mut().expect("opened");
-        // Adopt: whatever is in the maps now, from us or an earlier process.
-        let old_services: BTreeSet<ServiceKey> = lb.services.keys().filter_map(Result::ok).collect();
-        let old_backends: BTreeSet<BackendKey> = lb.backends.keys().filter_map(Result::ok).collect();
-        let old_live: BTreeSet<LiveKey> = lb.live.keys().filter_map(Result::ok).collect();
-        let highest = old_backends
-            .iter()
-            .map(|k| k.backend_set)
-            .chain(lb.services.iter().filter_map(Result::ok).map(|(_, v)| v.backend_set.max(v.port_id)))
-            .chain(old_live.iter().map(|k| k.port_id));
-        self.next_set = self.next_set.max(highest.max().unwrap_or(0).saturating_add(1));
+    /// This thread's part of [`EbpfBackend::open_and_full_sync`]: render, then fill the
+    /// maps as the loading threads hand them over.
+    fn cold_sync(
+        &mut self,
+        plan: &NodePlan,
+        lb: &std::sync::mpsc::Receiver<Result<SockLb, BpfError>>,
+        tc: &std::sync::mpsc::Receiver<Result<TcNat, BpfError>>,
+    ) -> Result<(), BpfError> {
+        let at = Instant::now();
+        let rendered = self.render_plan(plan);
+        let at = self.phase("rendering the plan", at);
+        let built = rendered.map(|rendered| self.build_batches(plan, rendered));
+        let at = self.phase("giving ids, building the batches", at);
+        // Always received (so kept alive), even when rendering failed.
+        let lb = lb.recv().unwrap_or_else(|_| Err(panicked("opening the socket maps")));
+        self.phase("waiting for the socket maps", at);
+        self.lb = Some(lb?);
+        let filled = self.fill_socket_maps(built?);
+        let at = Instant::now();
+        let tc = tc.recv().unwrap_or_else(|_| Err(panicked("opening the tc maps")));
+        self.phase("waiting for the tc maps", at);
+        self.tc = Some(tc?.with_direct_server_return(self.options.external_mode == ExternalMode::Dsr));
+        self.cold_report = Some(self.finish_full_sync(plan, filled?)?);
+        Ok(())
+    }
 
+    fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, BpfError> {
+        let at = Instant::now();
+        let rendered = self.render_plan(plan)?;
+        let at = self.phase("rendering the plan", at);
+        let built = self.build_batches(plan, rendered);
+        self.phase("giving ids, building the batches", at);
+        let filled = self.fill_socket_maps(built)?;
+        self.finish_full_sync(plan, filled)
+    }
+
+    /// Every service port of the plan rendered, in the plan's order (no map is read).
+    fn render_plan(&mut self, plan: &NodePlan) -> Result<Vec<PortEntries>, BpfError> {
+        self.node = NodeAddresses { local: local_addresses()? };
+        Ok(plan.service_ports.values().map(|port| render_port(plan, port, &self.node)).collect())
+    }
+
+    /// Ids (from the next unused one on) and the batches of a full sync, for the rendered
+    /// ports: no map is read yet ([`EbpfBackend::fill_socket_maps`] moves the ids above
+    /// any the maps hold).
+    fn build_batches(&mut self, plan: &NodePlan, rendered: Vec<PortEntries>) -> Built {
+        let first_id = self.next_set;
         let mut record = BTreeMap::new();
         let mut bulk = Bulk::default();
-        for (key, port) in &plan.service_ports {
-            let entries = render_port(plan, port, &self.node);
-            // Fresh ids: an id in use by an old entry is never overwritten under it.
+        for (key, entries) in plan.service_ports.keys().zip(rendered) {
             let set_ids: BTreeMap<EndpointSetKind, u32> = entries
                 .sets
                 .keys()
@@ -229,6 +410,47 @@ impl EbpfBackend {
             bulk.add(&written);
             record.insert(key.clone(), written);
         }
+        Built { record, bulk, first_id }
+    }
+
+    /// The first part of a full sync: adopts what the socket maps hold, gives the rendered
+    /// ports fresh ids, refuses what would not fit, writes the endpoint slots, serving
+    /// endpoints, frontends and port names in bulk.
+    fn fill_socket_maps(&mut self, built: Built) -> Result<Filled, BpfError> {
+        let at = Instant::now();
+        let Built { mut record, mut bulk, first_id } = built;
+        let lb = self.lb.as_mut().expect("opened");
+        // Adopt: whatever is in the maps now, from us or an earlier process.
+        let old_services: BTreeSet<ServiceKey> = lb.services.keys().filter_map(Result::ok).collect();
+        let old_backends: BTreeSet<BackendKey> = lb.backends.keys().filter_map(Result::ok).collect();
+        let old_live: BTreeSet<LiveKey> = lb.live.keys().filter_map(Result::ok).collect();
+        // Read before the new names are written: on a fresh node, one lookup instead of one
+        // per name written.
+        let old_names: Vec<u32> = lb.names.keys().filter_map(Result::ok).collect();
+        let highest = old_backends
+            .iter()
+            .map(|k| k.backend_set)
+            .chain(lb.services.iter().filter_map(Result::ok).map(|(_, v)| v.backend_set.max(v.port_id)))
+            .chain(old_live.iter().map(|k| k.port_id))
+            .max()
+            .unwrap_or(0);
+        // Fresh ids: an id in use by an old entry is never overwritten under it. The ids
+        // were given before the maps were read: moved above the highest in use if need be
+        // (a restart adopting maps an earlier process filled).
+        if highest >= first_id {
+            let offset = highest + 1 - first_id;
+            for written in record.values_mut() {
+                written.port_id += offset;
+                for id in written.set_ids.values_mut() {
+                    *id += offset;
+                }
+            }
+            self.next_set += offset;
+            bulk = Bulk::default();
+            for written in record.values() {
+                bulk.add(written);
+            }
+        }
         // Refused before anything is written if it cannot fit. Endpoint slots get fresh set
         // ids, so the old ones stay until the new are in: both must fit at once.
         let mut wanted = MapUsage::default();
@@ -236,18 +458,29 @@ impl EbpfBackend {
             wanted.add(written.usage());
         }
         self.check_room(MapUsage { backends: wanted.backends + old_backends.len(), ..wanted })?;
+        let at = self.phase("reading what the maps hold", at);
         let lb = self.lb.as_mut().expect("opened");
-        let mut operations = bulk.write(lb)?;
+        let operations = bulk.write(lb)?;
+        let at = self.phase("batched writes: slots, serving endpoints, frontends", at);
+        let lb = self.lb.as_mut().expect("opened");
         let (name_ids, name_values): (Vec<u32>, Vec<PortName>) =
             record.iter().map(|(key, written)| (written.port_id, port_name(key))).unzip();
         svcplane_bpf::sys::update_batch(IterableMap::map(&lb.names), &name_ids, &name_values)
             .map_err(|source| batch_error(svcplane_bpf::maps::PORT_NAMES_MAP, lb.sizes.services, source))?;
-        let live_ids: BTreeSet<u32> = name_ids.iter().copied().collect();
-        let stale_names: Vec<u32> =
-            lb.names.keys().filter_map(Result::ok).filter(|id| !live_ids.contains(id)).collect();
-        for id in stale_names {
-            let _ = lb.names.remove(&id);
+        if !old_names.is_empty() {
+            let live_ids: BTreeSet<u32> = name_ids.iter().copied().collect();
+            for id in old_names.into_iter().filter(|id| !live_ids.contains(id)) {
+                let _ = lb.names.remove(&id);
+            }
         }
+        self.phase("port names", at);
+        Ok(Filled { record, bulk, old_services, old_backends, old_live, wanted, operations })
+    }
+
+    /// The rest of a full sync: the tc maps, then what the plan no longer has.
+    fn finish_full_sync(&mut self, plan: &NodePlan, filled: Filled) -> Result<SyncReport, BpfError> {
+        let at = Instant::now();
+        let Filled { record, bulk, old_services, old_backends, old_live, wanted, mut operations } = filled;
         let tc = self.tc.as_mut().expect("opened with lb");
         tc.configure(&plan.config.node_ips, &plan.config.cluster_cidrs)?;
         let wanted_ranges: BTreeSet<(ServiceKey, IpNet)> = record
@@ -260,6 +493,8 @@ impl EbpfBackend {
             tc.allow_source(key, range)?;
             operations += 1;
         }
+        let at = self.phase("node configuration and source ranges", at);
+        let tc = self.tc.as_mut().expect("opened with lb");
         let tables: Vec<(u32, &[SocketAddr])> = record
             .values()
             .flat_map(|w| w.entries.maglev_sets.iter().map(|kind| (w.set_ids[kind], w.entries.sets[kind].as_slice())))
@@ -279,21 +514,32 @@ impl EbpfBackend {
                 operations += 1;
             }
         }
-        let wanted_services: BTreeSet<ServiceKey> = bulk.service_keys.iter().copied().collect();
-        let wanted_backends: BTreeSet<BackendKey> = bulk.backend_keys.iter().copied().collect();
-        let wanted_live: BTreeSet<LiveKey> = record.values().flat_map(Written::live_keys).collect();
-        for key in old_live.difference(&wanted_live) {
-            remove_live(lb, key)?;
-            operations += 1;
+        let at = self.phase("Maglev tables", at);
+        let lb = self.lb.as_mut().expect("opened");
+        // What the maps held before and the plan no longer has (nothing on a fresh node:
+        // the sets of wanted keys are only built when there is something to compare).
+        if !old_live.is_empty() {
+            let wanted_live: BTreeSet<LiveKey> = record.values().flat_map(Written::live_keys).collect();
+            for key in old_live.difference(&wanted_live) {
+                remove_live(lb, key)?;
+                operations += 1;
+            }
         }
-        for key in old_services.difference(&wanted_services) {
-            remove_service(lb, key)?;
-            operations += 1;
+        if !old_services.is_empty() {
+            let wanted_services: BTreeSet<ServiceKey> = bulk.service_keys.iter().copied().collect();
+            for key in old_services.difference(&wanted_services) {
+                remove_service(lb, key)?;
+                operations += 1;
+            }
         }
-        for key in old_backends.difference(&wanted_backends) {
-            remove_backend(lb, key)?;
-            operations += 1;
+        if !old_backends.is_empty() {
+            let wanted_backends: BTreeSet<BackendKey> = bulk.backend_keys.iter().copied().collect();
+            for key in old_backends.difference(&wanted_backends) {
+                remove_backend(lb, key)?;
+                operations += 1;
+            }
         }
+        self.phase("removing stale entries", at);
         self.usage = wanted;
         self.record = record;
         self.full_pending = false;
@@ -483,6 +729,11 @@ impl Bulk {
             .map_err(|source| batch_error(SERVICES_MAP, lb.sizes.services, source))?;
         Ok(self.backend_keys.len() + self.live_keys.len() + self.service_keys.len())
     }
+}
+
+/// A loading thread that panicked (a bug), as an error of the sync.
+fn panicked(what: &str) -> BpfError {
+    BpfError::Io { what: what.to_owned(), source: std::io::Error::other("the thread panicked") }
 }
 
 /// A failed batched write: a full map (E2BIG / ENOSPC) is named as such.
@@ -701,8 +952,16 @@ impl Dataplane for EbpfBackend {
     }
 
     fn sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<SyncReport, DataplaneError> {
-        self.open()?;
-        let result = if self.full_pending { self.full_sync(plan) } else { self.partial_sync(plan, diff) };
+        self.phases.clear();
+        let result = if self.lb.is_none() && self.options.cold_start_on_one_thread {
+            self.open_on_one_thread().and_then(|()| self.full_sync(plan))
+        } else if self.lb.is_none() {
+            self.open_and_full_sync(plan)
+        } else if self.full_pending {
+            self.full_sync(plan)
+        } else {
+            self.partial_sync(plan, diff)
+        };
         self.full_map = match &result {
             Err(BpfError::MapFull { map, .. }) => Some(map),
             _ => None,

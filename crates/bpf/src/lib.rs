@@ -27,7 +27,7 @@ pub use maps::{
     ServiceKey, ServiceValue,
 };
 pub use pins::cleanup;
-pub use sock_lb::{MapSizes, SockLb, SockLbOptions};
+pub use sock_lb::{MapSizes, SockLb, SockLbOptions, SockPrograms};
 
 /// The socket-level load balancer's object (`bpf/sock_lb.c`), as clang built it.
 /// The tc program's object (`bpf/tc_nat.c`).

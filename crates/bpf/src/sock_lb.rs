@@ -84,6 +84,16 @@ impl SockLb {
     /// `options.cgroup` if it is not attached yet. `host_netns_cookie` is the cookie of the
     /// node's own network namespace (sockets there are the node, others are pods).
     pub fn open(options: &SockLbOptions, host_netns_cookie: u64) -> Result<Self, BpfError> {
+        let (mut lb, programs) = Self::open_maps(options, host_netns_cookie)?;
+        lb.adopted = programs.attach()?;
+        Ok(lb)
+    }
+
+    /// The first half of [`SockLb::open`]: the object is read and its maps created (or
+    /// adopted by their pins), so they can be filled at once; the programs are loaded and
+    /// attached by [`SockPrograms::attach`], which may run on another thread meanwhile
+    /// (the verifier's work is most of a cold start). `adopted` is false until then.
+    pub fn open_maps(options: &SockLbOptions, host_netns_cookie: u64) -> Result<(Self, SockPrograms), BpfError> {
         let cgroup = File::open(&options.cgroup).map_err(|source| BpfError::Cgroup {
             path: options.cgroup.clone(),
             what: "opening it (it must exist on a cgroup2 mount)",
@@ -117,15 +127,6 @@ impl SockLb {
             source: Box::new(source),
         })?;
 
-        let mut adopted = true;
-        for program in PROGRAMS {
-            let pin = links_dir.join(program);
-            if pin.exists() {
-                continue;
-            }
-            adopted = false;
-            attach(&mut ebpf, program, &cgroup, &pin)?;
-        }
         let pinned = |name: &'static str| {
             MapData::from_pin(options.bpf_root.join(name)).map_err(|source| BpfError::Map {
                 map: name,
@@ -135,7 +136,9 @@ impl SockLb {
         };
         let batch =
             BatchMaps { services: pinned(SERVICES_MAP)?, backends: pinned(BACKENDS_MAP)?, live: pinned(LIVE_MAP)? };
-        Ok(Self {
+        // The programs name these maps by file descriptor: the returned `SockLb` keeps them
+        // open, and must live until the programs are loaded.
+        let lb = Self {
             batch,
             services: typed(&mut ebpf, SERVICES_MAP)?,
             backends: typed(&mut ebpf, BACKENDS_MAP)?,
@@ -144,8 +147,43 @@ impl SockLb {
             live: typed(&mut ebpf, LIVE_MAP)?,
             names: typed(&mut ebpf, crate::maps::PORT_NAMES_MAP)?,
             sizes,
-            adopted,
-        })
+            adopted: false,
+        };
+        Ok((lb, SockPrograms { ebpf, cgroup, links_dir, _config: config }))
+    }
+}
+
+/// The programs of a [`SockLb`] whose maps are open, not yet loaded nor attached.
+pub struct SockPrograms {
+    ebpf: Ebpf,
+    cgroup: File,
+    links_dir: PathBuf,
+    /// Kept open until the programs are loaded (they refer to it).
+    _config: Array<MapData, Config>,
+}
+
+impl std::fmt::Debug for SockPrograms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SockPrograms").field("links_dir", &self.links_dir).finish_non_exhaustive()
+    }
+}
+
+impl SockPrograms {
+    /// Loads and attaches every program no pinned link attaches yet (a link pinned by an
+    /// earlier process is kept: nothing is attached twice). Returns whether every program
+    /// was already linked (adopted). The [`SockLb`] opened with these programs must still be
+    /// alive (it holds the maps they refer to).
+    pub fn attach(mut self) -> Result<bool, BpfError> {
+        let mut adopted = true;
+        for program in PROGRAMS {
+            let pin = self.links_dir.join(program);
+            if pin.exists() {
+                continue;
+            }
+            adopted = false;
+            attach(&mut self.ebpf, program, &self.cgroup, &pin)?;
+        }
+        Ok(adopted)
     }
 }
 

@@ -73,7 +73,8 @@ fn stored_prefix(net: &IpNet) -> u32 {
 
 /// The loaded tc program and its own maps.
 pub struct TcNat {
-    ebpf: Ebpf,
+    /// The object with its program, once loaded ([`TcNat::with_program`]).
+    ebpf: Option<Ebpf>,
     bpf_root: PathBuf,
     config: Array<MapData, TcConfig>,
     cluster_cidrs: LpmTrie<MapData, [u8; 16], u8>,
@@ -98,6 +99,15 @@ impl TcNat {
     /// Loads the program against the pins under `bpf_root` (the socket balancer's maps must
     /// be pinned there already: [`crate::SockLb::open`] first).
     pub fn open(bpf_root: &Path, sizes: MapSizes, maglev_size: u32) -> Result<Self, BpfError> {
+        let (tc, program) = Self::open_maps(bpf_root, sizes, maglev_size)?;
+        Ok(tc.with_program(program.load()?))
+    }
+
+    /// The first half of [`TcNat::open`]: the object is read and its maps opened (adopted
+    /// by their pins where they exist), the program not loaded yet: [`TcProgram::load`]
+    /// (on another thread if need be), then [`TcNat::with_program`]. Until then the maps
+    /// can be written, but nothing can be attached.
+    pub fn open_maps(bpf_root: &Path, sizes: MapSizes, maglev_size: u32) -> Result<(Self, TcProgram), BpfError> {
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(bpf_root)
             .map_max_entries(SERVICES_MAP, sizes.services)
@@ -107,12 +117,6 @@ impl TcNat {
             .map_max_entries(CT_MAP, sizes.reverse)
             .load(TC_NAT_OBJECT)
             .map_err(|source| BpfError::Load { object: "tc_nat.o", source: Box::new(source) })?;
-        let program = classifier(&mut ebpf)?;
-        program.load().map_err(|source| BpfError::Program {
-            program: PROGRAM,
-            what: "loading (the verifier said no?)",
-            source: Box::new(source),
-        })?;
         let config = typed(&mut ebpf, TC_CONFIG_MAP)?;
         let cluster_cidrs = typed(&mut ebpf, CLUSTER_CIDRS_MAP)?;
         let source_ranges = typed(&mut ebpf, SOURCE_RANGES_MAP)?;
@@ -122,9 +126,9 @@ impl TcNat {
             what: "opening its pin for batched updates".into(),
             source: Box::new(source),
         })?;
-        Ok(Self {
+        let tc = Self {
             maglev_outer,
-            ebpf,
+            ebpf: None,
             bpf_root: bpf_root.to_owned(),
             config,
             cluster_cidrs,
@@ -133,7 +137,23 @@ impl TcNat {
             maglev_size,
             direct_server_return: false,
             written_cidrs: Vec::new(),
-        })
+        };
+        Ok((tc, TcProgram { ebpf }))
+    }
+
+    /// Takes the program [`TcProgram::load`] loaded for these maps.
+    pub fn with_program(mut self, program: TcProgram) -> Self {
+        self.ebpf = Some(program.ebpf);
+        self
+    }
+
+    fn program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
+        let ebpf = self.ebpf.as_mut().ok_or(BpfError::Link {
+            program: PROGRAM,
+            what: "not loaded yet",
+            source: "TcNat::with_program was not called".into(),
+        })?;
+        classifier(ebpf)
     }
 
     /// External flows to other nodes' endpoints go by direct server return instead of SNAT
@@ -156,7 +176,7 @@ impl TcNat {
             what: "creating the links directory",
             source,
         })?;
-        let program = classifier(&mut self.ebpf)?;
+        let program = self.program()?;
         let id = program.attach(interface, TcAttachType::Ingress).map_err(|source| BpfError::Program {
             program: PROGRAM,
             what: "attaching to an interface's ingress (tcx)",
@@ -235,7 +255,7 @@ impl TcNat {
     /// (`TC_ACT_*`) and the frame as it left.
     pub fn test_run(&mut self, frame: &[u8]) -> Result<(u32, Vec<u8>), BpfError> {
         use std::os::fd::AsFd;
-        let program = classifier(&mut self.ebpf)?;
+        let program = self.program()?;
         let fd = program.fd().map_err(|source| BpfError::Program {
             program: PROGRAM,
             what: "not loaded",
@@ -322,6 +342,30 @@ impl TcNat {
     /// Withdraws [`TcNat::allow_source`].
     pub fn disallow_source(&mut self, frontend: &ServiceKey, source: &IpNet) {
         let _ = self.source_ranges.remove(&Self::range_key(frontend, source));
+    }
+}
+
+/// The tc program of a [`TcNat`], not loaded yet.
+pub struct TcProgram {
+    ebpf: Ebpf,
+}
+
+impl std::fmt::Debug for TcProgram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcProgram").finish_non_exhaustive()
+    }
+}
+
+impl TcProgram {
+    /// Loads the program (the verifier checks it). The [`TcNat`] opened with it must still
+    /// be alive: the program refers to its maps by file descriptor.
+    pub fn load(mut self) -> Result<Self, BpfError> {
+        classifier(&mut self.ebpf)?.load().map_err(|source| BpfError::Program {
+            program: PROGRAM,
+            what: "loading (the verifier said no?)",
+            source: Box::new(source),
+        })?;
+        Ok(self)
     }
 }
 

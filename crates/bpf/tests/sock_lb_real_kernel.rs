@@ -146,3 +146,32 @@ fn a_connect_to_a_service_address_reaches_its_backend_and_a_rejecting_service_re
     let (ok, out) = sandbox.shell("exec 3<>/dev/tcp/198.19.0.10/80");
     assert!(!ok && out.contains("unreachable"), "after cleanup nothing is balanced: {out:?}");
 }
+
+#[test]
+fn maps_filled_while_the_programs_load_on_another_thread_are_what_the_programs_then_balance_by() {
+    if !is_root() {
+        return;
+    }
+    let sandbox = Sandbox::new("split");
+    let backend = sandbox.listener();
+    let options = sandbox.options();
+    let (mut lb, programs) = SockLb::open_maps(&options, 0).expect("opening the maps");
+    assert!(
+        svcplane_bpf::sock_lb::missing_pins(&options.bpf_root)
+            .iter()
+            .all(|pin| pin.starts_with(options.bpf_root.join("links"))),
+        "the maps are pinned before any program is loaded"
+    );
+    let loading = std::thread::spawn(move || programs.attach());
+    insert_service(&mut lb, "198.19.0.20:80", PROTO_TCP, 7, &[backend], 0);
+    let adopted = loading.join().expect("the loading thread").expect("loading and attaching on another thread");
+    assert!(!adopted, "a fresh root has nothing to adopt");
+    let (ok, out) = sandbox.shell("exec 3<>/dev/tcp/198.19.0.20/80; head -n1 <&3");
+    assert!(ok && out.trim() == "hello", "the entry written while the programs loaded: {out:?}");
+    drop(lb);
+
+    // A later process adopts the pinned links, and what the maps hold.
+    let (lb, programs) = SockLb::open_maps(&options, 0).expect("opening the pinned maps");
+    assert!(programs.attach().expect("adopting"), "every program was already linked");
+    assert_eq!(lb.services.keys().count(), 1, "the pinned services map is the one written before");
+}
