@@ -39,13 +39,16 @@ fn build_image(out: &Path) -> PathBuf {
     tarball
 }
 
-/// One image for every test here, built once (a build takes seconds, not milliseconds).
-fn image() -> &'static (tempfile::TempDir, PathBuf) {
-    static IMAGE: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+/// One image for every test here, built once (a build takes seconds, not milliseconds),
+/// under cargo's temporary directory for tests: a static is never dropped, so a temporary
+/// directory of its own would outlive every run; this one is replaced by the next run.
+fn image() -> &'static PathBuf {
+    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
     IMAGE.get_or_init(|| {
-        let out = tempfile::tempdir().expect("a directory for the image");
-        let tarball = build_image(out.path());
-        (out, tarball)
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("image-test");
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).expect("a directory for the image");
+        build_image(&out)
     })
 }
 
@@ -79,7 +82,7 @@ fn blob(layout: &Path, descriptor: &Value) -> PathBuf {
 
 #[test]
 fn the_image_is_an_oci_layout_whose_blobs_are_what_their_digests_say() {
-    let (_, tarball) = image();
+    let tarball = image();
     let layout = layout(tarball);
     let version = env!("CARGO_PKG_VERSION");
     assert_eq!(read_json(&layout.join("oci-layout"))["imageLayoutVersion"], "1.0.0");
@@ -118,7 +121,7 @@ fn the_image_is_an_oci_layout_whose_blobs_are_what_their_digests_say() {
 
 #[test]
 fn the_image_is_also_a_docker_archive_naming_the_same_config_and_layer() {
-    let (_, tarball) = image();
+    let tarball = image();
     let layout = layout(tarball);
     let docker = read_json(&layout.join("manifest.json"));
     let images = docker.as_array().expect("docker's manifest.json is a list");
@@ -150,7 +153,7 @@ fn the_image_is_also_a_docker_archive_naming_the_same_config_and_layer() {
 
 #[test]
 fn the_layer_holds_the_tools_their_libraries_and_nothing_owned_by_anyone_but_root() {
-    let (_, tarball) = image();
+    let tarball = image();
     let layout = layout(tarball);
     let index = read_json(&layout.join("index.json"));
     let manifest = read_json(&blob(&layout, &index["manifests"][0]));
@@ -200,7 +203,7 @@ fn the_layer_holds_the_tools_their_libraries_and_nothing_owned_by_anyone_but_roo
 
 #[test]
 fn two_builds_of_the_image_are_byte_for_byte_the_same() {
-    let (_, first) = image();
+    let first = image();
     let out = tempfile::tempdir().expect("a directory for the second image");
     let second = build_image(out.path());
     assert_eq!(
@@ -217,7 +220,7 @@ fn every_tool_in_the_image_runs_inside_it() {
     if !svcplane_testbed::can_run_real_kernel_tests("every_tool_in_the_image_runs_inside_it") {
         return;
     }
-    let (_, tarball) = image();
+    let tarball = image();
     let output = Command::new(repository().join("scripts/image"))
         .arg("--check")
         .arg(tarball)
