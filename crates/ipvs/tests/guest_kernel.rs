@@ -66,7 +66,7 @@ fn entry(
     let address: IpAddr = address.parse().expect("a test address");
     ServiceEntry {
         service: Service {
-            key: ServiceKey { address, protocol, port },
+            key: ServiceKey::new(address, protocol, port),
             scheduler: scheduler.to_owned(),
             persistence_seconds: persistence,
         },
