@@ -213,6 +213,19 @@ pub struct IpvsBackend {
     /// Virtual services this process programmed: a sync deletes those no longer wanted.
     programmed: BTreeSet<ServiceKey>,
     timeouts_set: bool,
+    /// What the last successful sync wrote (cleared by a failure and by
+    /// [`Dataplane::request_full_resync`]): a sync that wants the same sends nothing for
+    /// it, so an endpoint change costs no `ip`, `ipset` or `iptables` process.
+    written: Written,
+}
+
+/// The parts of a sync that are written through other programs, as last written.
+#[derive(Debug, Default)]
+struct Written {
+    addresses: Option<BTreeSet<IpAddr>>,
+    sets: Option<BTreeMap<String, ipset::IpSet>>,
+    /// Per family, the nat and filter tables as rendered for `iptables-restore`.
+    rules: Option<Vec<String>>,
 }
 
 impl IpvsBackend {
@@ -233,6 +246,7 @@ impl IpvsBackend {
             interface: DummyInterface::new(INTERFACE),
             programmed: BTreeSet::new(),
             timeouts_set: false,
+            written: Written::default(),
         }
     }
 
@@ -263,10 +277,31 @@ impl IpvsBackend {
             .collect();
         let wanted: BTreeMap<String, ipset::IpSet> =
             families.iter().flat_map(|(_, rules)| rules.sets.clone()).collect();
-        let current = self.ipset.save()?;
-        let set_changes = ipset::changes(&current, &wanted, rules::is_our_set);
-        self.ipset.apply(&set_changes)?;
+        let rendered: Vec<String> =
+            families.iter().map(|(_, rules)| format!("{}{}", rules.nat.render(), rules.filter.render())).collect();
+        let sets_unchanged = self.written.sets.as_ref() == Some(&wanted);
+        let rules_unchanged = self.written.rules.as_ref() == Some(&rendered);
+        if sets_unchanged && rules_unchanged {
+            return Ok(0);
+        }
+        // Written anew below: forgotten until it has been.
+        let written_sets = self.written.sets.take();
+        self.written.rules = None;
+        let set_changes = if sets_unchanged {
+            self.written.sets = written_sets;
+            ipset::Changes::default()
+        } else {
+            let current = self.ipset.save()?;
+            let set_changes = ipset::changes(&current, &wanted, rules::is_our_set);
+            self.ipset.apply(&set_changes)?;
+            set_changes
+        };
         let mut operations = set_changes.operations;
+        if rules_unchanged {
+            self.written.rules = Some(rendered);
+            self.written.sets = Some(wanted);
+            return Ok(operations);
+        }
         for (family, family_rules) in families {
             let fam = rules::family_of(family);
             let mut table = family_rules.nat;
@@ -304,6 +339,8 @@ impl IpvsBackend {
         }
         // No rule names them any more.
         self.ipset.destroy(&set_changes.stale)?;
+        self.written.rules = Some(rendered);
+        self.written.sets = Some(wanted);
         Ok(operations + set_changes.stale.len())
     }
 
@@ -428,7 +465,10 @@ impl Dataplane for IpvsBackend {
         }
         // Ours: what we programmed, what is on kube-ipvs0, what the plan wants, and the
         // node's own addresses (NodePorts) - the services upstream would own too.
-        let mut ours: BTreeSet<IpAddr> = self.interface.addresses()?;
+        let mut ours: BTreeSet<IpAddr> = match &self.written.addresses {
+            Some(addresses) => addresses.clone(),
+            None => self.interface.addresses()?,
+        };
         ours.extend(spelling.addresses.iter().copied());
         ours.extend(node_addresses.iter().copied());
         let programmed = self.programmed.clone();
@@ -445,7 +485,14 @@ impl Dataplane for IpvsBackend {
         let changes = diff(&current, &spelling.services);
         // Addresses first, so a new ClusterIP is local before its service exists; the
         // masquerade rules before the services that need them.
-        let address_operations = self.interface.sync(&spelling.addresses)?;
+        let address_operations = if self.written.addresses.as_ref() == Some(&spelling.addresses) {
+            0
+        } else {
+            self.written.addresses = None;
+            let operations = self.interface.sync(&spelling.addresses)?;
+            self.written.addresses = Some(spelling.addresses.clone());
+            operations
+        };
         let rule_operations = self.sync_rules(plan, &node_addresses)?;
         self.ipvs()?.apply(&changes)?;
         self.programmed = spelling.services.iter().map(|entry| entry.service.key).collect();
@@ -456,7 +503,9 @@ impl Dataplane for IpvsBackend {
         })
     }
 
-    fn request_full_resync(&mut self) {}
+    fn request_full_resync(&mut self) {
+        self.written = Written::default();
+    }
 
     fn detect_drift(&mut self) -> Option<String> {
         None
@@ -516,6 +565,7 @@ impl Dataplane for IpvsBackend {
         removed |= self.interface.delete()?;
         removed |= self.cleanup_rules()?;
         self.programmed.clear();
+        self.written = Written::default();
         Ok(removed)
     }
 }
