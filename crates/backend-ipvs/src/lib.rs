@@ -19,8 +19,13 @@
 //! weight 0. `--ipvs-exclude-cidrs` protects virtual services from removal; strict ARP sets
 //! the node namespace's `arp_ignore` / `arp_announce`.
 //!
-//! What it does not do yet: different endpoint sets per source (`externalTrafficPolicy:
-//! Local` sends every source to the catch-all set).
+//! A frontend whose routes send some sources to another endpoint set than the catch-all
+//! route (`externalTrafficPolicy: Local`: pods and the node to every endpoint) also gets
+//! firewall-mark virtual services with that set, the nat table marking those sources
+//! ([`fwmark`]). A sync sends nothing through `ip`, `ipset` or `iptables` for what is as it
+//! last wrote it (an endpoint change is IPVS requests and, for hairpin, one set update).
+//!
+//! What it does not do yet: drift detection.
 
 pub mod fwmark;
 pub mod ipset;
