@@ -296,7 +296,11 @@ impl IpvsBackend {
             self.written.sets = written_sets;
             ipset::Changes::default()
         } else {
-            let current = self.ipset.save()?;
+            // What this process wrote last, else what the kernel has.
+            let current = match &written_sets {
+                Some(sets) => sets.iter().map(|(name, set)| (name.clone(), set.as_saved())).collect(),
+                None => self.ipset.save()?,
+            };
             let set_changes = ipset::changes(&current, &wanted, rules::is_our_set);
             self.ipset.apply(&set_changes)?;
             set_changes
@@ -493,8 +497,11 @@ impl Dataplane for IpvsBackend {
         let address_operations = if self.written.addresses.as_ref() == Some(&spelling.addresses) {
             0
         } else {
-            self.written.addresses = None;
-            let operations = self.interface.sync(&spelling.addresses)?;
+            let written = self.written.addresses.take();
+            let operations = match written {
+                Some(current) => self.interface.change(&current, &spelling.addresses)?,
+                None => self.interface.sync(&spelling.addresses)?,
+            };
             self.written.addresses = Some(spelling.addresses.clone());
             operations
         };
