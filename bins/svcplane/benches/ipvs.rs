@@ -350,7 +350,7 @@ fn run_api_size(binaries: &UpstreamBinaries, services: usize, args: &Args) -> an
         let _ = std::process::Command::new(&program).arg("--version").output();
     }
 
-    let key = svcplane_ipvs::ServiceKey { address: target.ip(), protocol: svcplane_net::Protocol::Tcp, port: 80 };
+    let key = svcplane_ipvs::ServiceKey::new(target.ip(), svcplane_net::Protocol::Tcp, 80);
     let mut current = 0;
     let mut results = Vec::new();
     for proxy in API_PROXIES {

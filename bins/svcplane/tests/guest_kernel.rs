@@ -1,6 +1,7 @@
 //! Scenario rows that need kernel modules the host kernel lacks, run inside the guest
-//! kernel (`scripts/in-guest`, see `docs/guest-kernel.md`): today the SCTP rows, with a real
-//! SCTP client and server, in nftables mode and in iptables mode (legacy and nft).
+//! kernel (`scripts/in-guest`, see `docs/guest-kernel.md`): the SCTP rows, with a real SCTP
+//! client and server, in nftables mode and in iptables mode (legacy and nft), and the whole
+//! scenario table in ipvs mode.
 //!
 //! The guest-side tests are ignored on the host and do nothing outside the guest. One
 //! host-side test boots the guest once and re-runs this test binary there with the batch's
@@ -15,9 +16,9 @@ mod scenarios;
 
 use std::time::Duration;
 
-use scenarios::cluster::{Backend, Cluster};
+use scenarios::cluster::{Backend, Cluster, THIS_NODE};
 use scenarios::manifests::ECHO_PORT;
-use scenarios::{ALL_ECHO_PODS, Protocol, check_rows};
+use scenarios::{ALL_ECHO_PODS, NodePortAddresses, Protocol, check_rows};
 use svcplane_testbed::guest;
 
 const NFTABLES: Backend = Backend {
@@ -62,7 +63,7 @@ const IPVS: Backend = Backend {
         &["ip6tables-nft-save", "-t", "filter"],
     ],
     ruleset: &["cat", "/proc/net/ip_vs"],
-    not_applicable: scenarios::cluster::every_row_applies,
+    not_applicable: ipvs_not_applicable,
     node_cgroups: false,
     relays_from_the_node: false,
 };
@@ -75,7 +76,10 @@ const GUEST_TESTS: &[&str] = &[
     "sctp_rows_pass_in_the_guest_in_nftables_mode",
     "sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_legacy_backend",
     "sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend",
-    "ipvs_mode_passes_the_static_scenario_tables_in_the_guest_but_the_rows_listed_as_not_yet",
+    "ipvs_mode_passes_every_static_scenario_table_in_the_guest_and_cleanup_removes_it",
+    "ipvs_mode_answers_node_ports_only_where_nodeport_addresses_say_in_the_guest",
+    "ipvs_mode_keeps_client_ip_affinity_through_persistence_in_the_guest",
+    "ipvs_mode_follows_endpoint_changes_and_drains_terminating_endpoints_in_the_guest",
     "the_ipvs_benchmark_harness_programs_changes_reads_back_and_connects_in_every_mode",
 ];
 
@@ -83,8 +87,8 @@ const GUEST_TESTS: &[&str] = &[
 /// takes 10-17 s under emulation (debug build, two proxies on two emulated CPUs).
 const PROGRAMMED_IN_GUEST_WITHIN: Duration = Duration::from_secs(60);
 
-/// The whole batch's limit in the guest (boot included).
-const GUEST_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// The whole batch's limit in the guest (boot included): the ipvs tables start five labs.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(40 * 60);
 
 #[test]
 fn the_guest_kernel_rows_pass_in_one_boot_of_the_guest() {
@@ -175,63 +179,141 @@ fn sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend() {
     sctp_rows_pass("sctp_rows_pass_in_the_guest_in_iptables_mode_with_the_nft_backend", IPTABLES_NFT);
 }
 
-/// Rows of the scenario table that IPVS mode does not pass yet, with the reason: each needs
-/// something docs/backend-ipvs.md lists as not done.
-const IPVS_NOT_YET: &[(&str, &str)] = &[
-    (
-        "pod on this node to an external IP of an externalTrafficPolicy Local Service reaches every endpoint and keeps its own address",
-        "one endpoint set per virtual service: IPVS sends every source to the local set",
-    ),
-    (
-        "pod on this node to an externalTrafficPolicy Local load-balancer IP reaches every endpoint and keeps its own address",
-        "one endpoint set per virtual service: IPVS sends every source to the local set",
-    ),
-    (
-        "the node itself to an externalTrafficPolicy Local load-balancer IP reaches every endpoint",
-        "one endpoint set per virtual service: IPVS sends every source to the local set",
-    ),
-];
-
-/// The rows IPVS mode runs: every static table of the scenario runner (reachability, no
-/// endpoints, traffic policy, load balancers, external IPs, health checks, terminating,
-/// topology, ignored Services, SCTP, default NodePort addresses) except [`IPVS_NOT_YET`],
-/// whose names and reasons are printed. The endpoint-change, affinity and NodePort-address
-/// configuration tables are not run in ipvs mode yet.
-fn ipvs_rows() -> Vec<scenarios::Scenario> {
-    for (name, reason) in IPVS_NOT_YET {
-        eprintln!("not run in ipvs mode: {name}: {reason}");
+/// Why a row cannot apply to IPVS mode (`None`: it runs); the runner prints each row left
+/// out with this reason.
+///
+/// Session affinity that ends after a silence: IPVS persistence keeps a client's template
+/// while any connection it controls is still in IPVS's connection table (UDP entries live
+/// `--ipvs-udp-timeout`, 300 s by default; a closed TCP connection's TIME_WAIT entry 120 s,
+/// which no setting changes), so a client that falls silent keeps its endpoint well beyond
+/// the Service's `timeoutSeconds`. Upstream kube-proxy's IPVS mode programs the same
+/// persistence and behaves the same. Affinity itself, and its renewal by use, run
+/// (`StickyWhileTalking`).
+fn ipvs_not_applicable(row: &scenarios::Scenario) -> Option<&'static str> {
+    match row.expect {
+        scenarios::Outcome::StickyThenFreshAfterIdle { .. } => Some(
+            "IPVS keeps a persistence template while connections it controls are in its table (UDP \
+             --ipvs-udp-timeout, TCP TIME_WAIT 120 s), so affinity outlives a silence of timeoutSeconds, \
+             as in upstream's IPVS mode",
+        ),
+        _ => None,
     }
-    let rows: Vec<scenarios::Scenario> = scenarios::STATIC_TABLES
-        .iter()
-        .flat_map(|(_, rows)| rows.iter())
-        .filter(|row| !IPVS_NOT_YET.iter().any(|(name, _)| *name == row.name))
-        .copied()
-        .collect();
-    let known = |name: &str| scenarios::STATIC_TABLES.iter().any(|(_, rows)| rows.iter().any(|row| row.name == name));
-    for (name, _) in IPVS_NOT_YET {
-        assert!(known(name), "IPVS_NOT_YET names a row the table does not have: {name}");
-    }
-    rows
 }
 
-#[test]
-#[ignore = "needs the guest kernel (scripts/in-guest)"]
-fn ipvs_mode_passes_the_static_scenario_tables_in_the_guest_but_the_rows_listed_as_not_yet() {
-    let test = "ipvs_mode_passes_the_static_scenario_tables_in_the_guest_but_the_rows_listed_as_not_yet";
-    if !guest::guest_only(test, HOST_TEST) || !svcplane_testbed::can_run_real_kernel_tests(test) {
-        return;
-    }
+/// The rows of every static table of the scenario runner (reachability, no endpoints,
+/// traffic policy, load balancers, external IPs, health checks, terminating, topology,
+/// ignored Services, SCTP, default NodePort addresses).
+fn ipvs_rows() -> Vec<scenarios::Scenario> {
+    scenarios::STATIC_TABLES.iter().flat_map(|(_, rows)| rows.iter()).copied().collect()
+}
+
+/// Loads what a node in ipvs mode has loaded before its proxy starts.
+fn load_ipvs_node_modules() {
     load_node_modules();
     if let Err(error) = guest::load_modules(IPVS_MODULES) {
         panic!("loading the IPVS modules in the guest: {error}");
     }
+}
+
+#[test]
+#[ignore = "needs the guest kernel (scripts/in-guest)"]
+fn ipvs_mode_passes_every_static_scenario_table_in_the_guest_and_cleanup_removes_it() {
+    let test = "ipvs_mode_passes_every_static_scenario_table_in_the_guest_and_cleanup_removes_it";
+    if !guest::guest_only(test, HOST_TEST) || !svcplane_testbed::can_run_real_kernel_tests(test) {
+        return;
+    }
+    load_ipvs_node_modules();
     let rows = ipvs_rows();
     assert!(rows.iter().any(|row| row.protocol == Protocol::Sctp), "an SCTP row is among them");
-    let cluster = Cluster::builder(IPVS)
+    let mut cluster = Cluster::builder(IPVS)
         .line_servers(Protocol::Sctp, ECHO_PORT, ALL_ECHO_PODS)
         .programmed_within(PROGRAMMED_IN_GUEST_WITHIN)
         .start();
     check_rows(&cluster, &rows);
+    cleanup_removes_what_ipvs_mode_programmed(&mut cluster);
+    cluster.teardown();
+}
+
+/// `svcplane cleanup` on a node that ran ipvs mode: no virtual service (by address or by
+/// firewall mark), no `kube-ipvs0`, no set and no chain of the mode is left.
+fn cleanup_removes_what_ipvs_mode_programmed(cluster: &mut Cluster) {
+    let node = cluster.lab().node(THIS_NODE).namespace_name().to_owned();
+    let before = cluster.lab().exec_ok(&node, &["ipset", "list", "-n"]).expect("ipset list");
+    assert!(before.lines().any(|name| name == "KUBE-CLUSTER-IP"), "ipvs mode made its sets: {before}");
+    let services = cluster.lab().exec_ok(&node, &["cat", "/proc/net/ip_vs"]).expect("reading the IPVS table");
+    assert!(services.lines().any(|line| line.starts_with("FWM")), "firewall-mark services before cleanup: {services}");
+    cluster.stop_proxy(THIS_NODE);
+    let lab = cluster.lab();
+    lab.exec_ok(&node, &[env!("CARGO_BIN_EXE_svcplane"), "cleanup"]).expect("svcplane cleanup");
+    let services = lab.exec_ok(&node, &["cat", "/proc/net/ip_vs"]).expect("reading the IPVS table");
+    let left: Vec<&str> = services
+        .lines()
+        .filter(|line| ["TCP", "UDP", "SCTP", "FWM"].iter().any(|kind| line.starts_with(kind)))
+        .collect();
+    assert!(left.is_empty(), "cleanup left virtual services {left:#?} in:\n{services}");
+    let links = lab.exec_ok(&node, &["ip", "-o", "link"]).expect("ip link");
+    assert!(!links.contains("kube-ipvs0"), "{links}");
+    let sets = lab.exec_ok(&node, &["ipset", "list", "-n"]).expect("ipset list");
+    assert!(!sets.lines().any(|name| name.starts_with("KUBE-")), "sets left: {sets}");
+    for save in ["iptables-nft-save", "ip6tables-nft-save"] {
+        let text = lab.exec_ok(&node, &[save]).expect("iptables-save");
+        let left: Vec<&str> = text.lines().filter(|line| line.contains("KUBE-")).collect();
+        assert!(left.is_empty(), "{save}: cleanup left {left:#?}");
+    }
+}
+
+/// The two `--nodeport-addresses` configurations (the default one is a static table): the
+/// NodePort virtual services exist only on the node addresses the plan admits.
+#[test]
+#[ignore = "needs the guest kernel (scripts/in-guest)"]
+fn ipvs_mode_answers_node_ports_only_where_nodeport_addresses_say_in_the_guest() {
+    let test = "ipvs_mode_answers_node_ports_only_where_nodeport_addresses_say_in_the_guest";
+    if !guest::guest_only(test, HOST_TEST) || !svcplane_testbed::can_run_real_kernel_tests(test) {
+        return;
+    }
+    load_ipvs_node_modules();
+    for (addresses, rows) in [
+        (NodePortAddresses::Primary, scenarios::NODEPORT_ADDRESSES_PRIMARY),
+        (NodePortAddresses::SecondaryOnly, scenarios::NODEPORT_ADDRESSES_CIDRS),
+    ] {
+        let cluster =
+            Cluster::builder(IPVS).node_port_addresses(addresses).programmed_within(PROGRAMMED_IN_GUEST_WITHIN).start();
+        check_rows(&cluster, rows);
+        cluster.teardown();
+    }
+}
+
+/// ClientIP affinity as IPVS persistence with the Service's timeout.
+#[test]
+#[ignore = "needs the guest kernel (scripts/in-guest)"]
+fn ipvs_mode_keeps_client_ip_affinity_through_persistence_in_the_guest() {
+    let test = "ipvs_mode_keeps_client_ip_affinity_through_persistence_in_the_guest";
+    if !guest::guest_only(test, HOST_TEST) || !svcplane_testbed::can_run_real_kernel_tests(test) {
+        return;
+    }
+    load_ipvs_node_modules();
+    let cluster = Cluster::builder(IPVS).programmed_within(PROGRAMMED_IN_GUEST_WITHIN).start();
+    let left_out = scenarios::AFFINITY.iter().filter(|row| ipvs_not_applicable(row).is_some()).count();
+    assert!(left_out < scenarios::AFFINITY.len(), "some affinity row runs in ipvs mode");
+    check_rows(&cluster, scenarios::AFFINITY);
+    cluster.teardown();
+}
+
+/// The endpoint-change rows: UDP flows follow a moved endpoint, open flows to an endpoint
+/// that starts terminating go on (its real server drains at weight 0).
+#[test]
+#[ignore = "needs the guest kernel (scripts/in-guest)"]
+fn ipvs_mode_follows_endpoint_changes_and_drains_terminating_endpoints_in_the_guest() {
+    let test = "ipvs_mode_follows_endpoint_changes_and_drains_terminating_endpoints_in_the_guest";
+    if !guest::guest_only(test, HOST_TEST) || !svcplane_testbed::can_run_real_kernel_tests(test) {
+        return;
+    }
+    load_ipvs_node_modules();
+    let cluster = Cluster::builder(IPVS)
+        .line_servers(Protocol::Tcp, scenarios::manifests::CONVERSATION_PORT, &["node1-pod1", "node2-pod2"])
+        .programmed_within(PROGRAMMED_IN_GUEST_WITHIN)
+        .start();
+    check_rows(&cluster, scenarios::ENDPOINT_CHANGES);
     cluster.teardown();
 }
 

@@ -68,6 +68,14 @@ impl IpSet {
         }
     }
 
+    /// The set as `ipset save` would list it once written (for a sync that knows what it
+    /// wrote last and need not ask the kernel).
+    pub fn as_saved(&self) -> SavedSet {
+        let options = self.create_options();
+        let header = options.split_once(' ').map_or("", |(_, rest)| rest).to_owned();
+        SavedSet { set_type: self.set_type.name().to_owned(), header, members: self.members.clone() }
+    }
+
     /// Whether a set the kernel has (type and header from `ipset save`) is of this kind.
     fn same_kind(&self, saved: &SavedSet) -> bool {
         saved.set_type == self.set_type.name()
@@ -318,6 +326,16 @@ create other hash:ip family inet hashsize 1024 maxelem 65536\n";
         assert!(changes.rollback.contains(&"add KUBE-CLUSTER-IP-T 198.19.0.11,udp:53".to_owned()));
         assert!(changes.rollback.contains(&"swap KUBE-CLUSTER-IP-T KUBE-CLUSTER-IP".to_owned()));
         assert!(changes.rollback.contains(&"swap KUBE-NODE-PORT-TCP-T KUBE-NODE-PORT-TCP".to_owned()));
+    }
+
+    #[test]
+    fn a_set_as_last_written_is_of_its_own_kind_and_needs_no_change() {
+        let mut set = IpSet::new(SetType::HashIpPort, IpFamily::V6);
+        set.members.insert("2001:db8:f::10,tcp:80".to_owned());
+        let wanted = BTreeMap::from([("KUBE-6-CLUSTER-IP".to_owned(), set.clone())]);
+        let written = BTreeMap::from([("KUBE-6-CLUSTER-IP".to_owned(), set.as_saved())]);
+        assert!(set.same_kind(&set.as_saved()));
+        assert_eq!(changes(&written, &wanted, |_| true), Changes::default());
     }
 
     #[test]

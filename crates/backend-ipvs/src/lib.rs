@@ -19,9 +19,15 @@
 //! weight 0. `--ipvs-exclude-cidrs` protects virtual services from removal; strict ARP sets
 //! the node namespace's `arp_ignore` / `arp_announce`.
 //!
-//! What it does not do yet: different endpoint sets per source (`externalTrafficPolicy:
-//! Local` sends every source to the catch-all set).
+//! A frontend whose routes send some sources to another endpoint set than the catch-all
+//! route (`externalTrafficPolicy: Local`: pods and the node to every endpoint) also gets
+//! firewall-mark virtual services with that set, the nat table marking those sources
+//! ([`fwmark`]). A sync sends nothing through `ip`, `ipset` or `iptables` for what is as it
+//! last wrote it (an endpoint change is IPVS requests and, for hairpin, one set update).
+//!
+//! What it does not do yet: drift detection.
 
+pub mod fwmark;
 pub mod ipset;
 pub mod rules;
 
@@ -68,9 +74,20 @@ impl Default for IpvsConfig {
 }
 
 impl IpvsConfig {
-    fn excluded(&self, address: &IpAddr) -> bool {
-        self.exclude_cidrs.iter().any(|cidr| cidr.contains(address))
+    /// Whether the virtual service `key` is protected by `--ipvs-exclude-cidrs` (a
+    /// firewall-mark service has no address to be in one).
+    fn excluded(&self, key: &ServiceKey) -> bool {
+        key.fwmark == 0 && self.exclude_cidrs.iter().any(|cidr| cidr.contains(&key.address))
     }
+}
+
+/// Whether `key` is a virtual service of this mode: on one of `addresses` (kube-ipvs0's,
+/// the node's), one of `programmed`, or a firewall-mark service of our marks.
+fn is_ours(key: &ServiceKey, addresses: &BTreeSet<IpAddr>, programmed: &BTreeSet<ServiceKey>) -> bool {
+    if key.fwmark != 0 {
+        return fwmark::is_ours(key.fwmark, rules::MASQ_MARK) || programmed.contains(key);
+    }
+    addresses.contains(&key.address) || programmed.contains(key)
 }
 
 /// The sysctls strict ARP sets (in the namespace of the calling thread), as upstream: the
@@ -78,6 +95,18 @@ impl IpvsConfig {
 /// best local address, so the Service addresses on `kube-ipvs0` stay off the wire.
 pub const STRICT_ARP: &[(&str, &str)] =
     &[("/proc/sys/net/ipv4/conf/all/arp_ignore", "1"), ("/proc/sys/net/ipv4/conf/all/arp_announce", "2")];
+
+/// The IPVS sysctls the mode sets in its namespace, as upstream's proxier does:
+/// `conntrack` (IPVS connections are tracked, so MASQUERADE sees them),
+/// `expire_nodest_conn` (a connection whose real server was removed is expired at its next
+/// packet, so a UDP flow to an endpoint that went away is scheduled afresh instead of
+/// black-holed) and `expire_quiescent_template` (a persistence template to a real server
+/// at weight 0 is expired, so affinity does not hold clients on a draining endpoint).
+pub const IPVS_SYSCTLS: &[(&str, &str)] = &[
+    ("/proc/sys/net/ipv4/vs/conntrack", "1"),
+    ("/proc/sys/net/ipv4/vs/expire_nodest_conn", "1"),
+    ("/proc/sys/net/ipv4/vs/expire_quiescent_template", "1"),
+];
 
 /// What a plan is in IPVS terms.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -88,11 +117,39 @@ pub struct Spelling {
 }
 
 /// Spells `plan` with `scheduler` for every virtual service. NodePorts answer on those of
-/// `node_addresses` (the node's local addresses, or `--node-ip`s) the plan admits.
+/// `node_addresses` (the node's local addresses, or `--node-ip`s) the plan admits. A
+/// frontend whose routes send some sources to another endpoint set than the catch-all
+/// route also gets firewall-mark services with that set ([`fwmark`]).
 pub fn spell(plan: &NodePlan, scheduler: &str, node_addresses: &[IpAddr]) -> Spelling {
     let mut services: BTreeMap<ServiceKey, ServiceEntry> = BTreeMap::new();
     let mut addresses = BTreeSet::new();
+    let marks: BTreeMap<IpFamily, BTreeMap<fwmark::MarkedFrontend, fwmark::Mark>> = [IpFamily::V4, IpFamily::V6]
+        .into_iter()
+        .map(|family| (family, fwmark::marks(plan, family, &node_port_addresses(plan, family, node_addresses))))
+        .collect();
     for port in plan.service_ports.values() {
+        let persistence_seconds = port
+            .affinity
+            .as_ref()
+            .map_or(0, |affinity| u32::try_from(affinity.timeout.as_secs()).unwrap_or(u32::MAX).max(1));
+        let entry = |key: ServiceKey, endpoints: &[std::net::SocketAddr]| {
+            let service = Service { key, scheduler: scheduler.to_owned(), persistence_seconds };
+            // Endpoints of the set take new connections (weight 1); endpoints that still
+            // serve but left the set (terminating while others are ready, a pod that
+            // turned not ready) stay at weight 0: IPVS schedules nothing new to them and
+            // their established connections go on, until they stop serving.
+            let draining = port.serving_endpoints.iter().filter(|endpoint| !endpoints.contains(endpoint));
+            let destinations = endpoints
+                .iter()
+                .map(|endpoint| (endpoint, 1))
+                .chain(draining.map(|endpoint| (endpoint, 0)))
+                .map(|(endpoint, weight)| {
+                    let destination = Destination { address: endpoint.ip(), port: endpoint.port(), weight };
+                    ((endpoint.ip(), endpoint.port()), destination)
+                })
+                .collect();
+            ServiceEntry { service, destinations }
+        };
         for frontend in &port.frontends {
             let frontend_addresses = match frontend.destination {
                 PlanDestination::Address(address) => {
@@ -101,6 +158,16 @@ pub fn spell(plan: &NodePlan, scheduler: &str, node_addresses: &[IpAddr]) -> Spe
                 }
                 PlanDestination::NodePortAddresses => node_port_addresses(plan, port.family, node_addresses),
             };
+            for address in &frontend_addresses {
+                let marked = fwmark::MarkedFrontend { address: *address, protocol: port.protocol, port: frontend.port };
+                if let Some(mark) = marks.get(&port.family).and_then(|marks| marks.get(&marked)) {
+                    // With and without the masquerade bit: IPVS compares the whole mark.
+                    for value in [mark.mark, mark.mark | rules::MASQ_MARK] {
+                        let key = ServiceKey::for_fwmark(*address, value);
+                        services.insert(key, entry(key, port.endpoints(mark.endpoints)));
+                    }
+                }
+            }
             let endpoints = catch_all_endpoints(port, &frontend.routes);
             if endpoints.is_empty() {
                 // Nothing to balance to: no virtual service (IPVS would refuse on its own,
@@ -109,30 +176,8 @@ pub fn spell(plan: &NodePlan, scheduler: &str, node_addresses: &[IpAddr]) -> Spe
                 continue;
             }
             for address in frontend_addresses {
-                let key = ServiceKey { address, protocol: port.protocol, port: frontend.port };
-                let service = Service {
-                    key,
-                    scheduler: scheduler.to_owned(),
-                    persistence_seconds: port
-                        .affinity
-                        .as_ref()
-                        .map_or(0, |affinity| u32::try_from(affinity.timeout.as_secs()).unwrap_or(u32::MAX).max(1)),
-                };
-                // Endpoints of the set take new connections (weight 1); endpoints that still
-                // serve but left the set (terminating while others are ready, a pod that
-                // turned not ready) stay at weight 0: IPVS schedules nothing new to them and
-                // their established connections go on, until they stop serving.
-                let draining = port.serving_endpoints.iter().filter(|endpoint| !endpoints.contains(endpoint));
-                let destinations = endpoints
-                    .iter()
-                    .map(|endpoint| (endpoint, 1))
-                    .chain(draining.map(|endpoint| (endpoint, 0)))
-                    .map(|(endpoint, weight)| {
-                        let destination = Destination { address: endpoint.ip(), port: endpoint.port(), weight };
-                        ((endpoint.ip(), endpoint.port()), destination)
-                    })
-                    .collect();
-                services.insert(key, ServiceEntry { service, destinations });
+                let key = ServiceKey::new(address, port.protocol, frontend.port);
+                services.insert(key, entry(key, endpoints));
             }
         }
     }
@@ -173,6 +218,19 @@ pub struct IpvsBackend {
     /// Virtual services this process programmed: a sync deletes those no longer wanted.
     programmed: BTreeSet<ServiceKey>,
     timeouts_set: bool,
+    /// What the last successful sync wrote (cleared by a failure and by
+    /// [`Dataplane::request_full_resync`]): a sync that wants the same sends nothing for
+    /// it, so an endpoint change costs no `ip`, `ipset` or `iptables` process.
+    written: Written,
+}
+
+/// The parts of a sync that are written through other programs, as last written.
+#[derive(Debug, Default)]
+struct Written {
+    addresses: Option<BTreeSet<IpAddr>>,
+    sets: Option<BTreeMap<String, ipset::IpSet>>,
+    /// Per family, the nat and filter tables as rendered for `iptables-restore`.
+    rules: Option<Vec<String>>,
 }
 
 impl IpvsBackend {
@@ -193,6 +251,7 @@ impl IpvsBackend {
             interface: DummyInterface::new(INTERFACE),
             programmed: BTreeSet::new(),
             timeouts_set: false,
+            written: Written::default(),
         }
     }
 
@@ -210,9 +269,9 @@ impl IpvsBackend {
             return Ok(0);
         };
         if !self.conntrack_enabled {
-            // IPVS connections must be tracked for MASQUERADE to see them (per namespace).
-            std::fs::write("/proc/sys/net/ipv4/vs/conntrack", "1")
-                .map_err(|error| format!("setting sysctl net.ipv4.vs.conntrack to 1: {error}"))?;
+            for (path, value) in IPVS_SYSCTLS {
+                std::fs::write(path, value).map_err(|error| format!("writing {value} to {path}: {error}"))?;
+            }
             self.conntrack_enabled = true;
         }
         let families: Vec<(IpFamily, rules::FamilyRules)> = [IpFamily::V4, IpFamily::V6]
@@ -223,10 +282,35 @@ impl IpvsBackend {
             .collect();
         let wanted: BTreeMap<String, ipset::IpSet> =
             families.iter().flat_map(|(_, rules)| rules.sets.clone()).collect();
-        let current = self.ipset.save()?;
-        let set_changes = ipset::changes(&current, &wanted, rules::is_our_set);
-        self.ipset.apply(&set_changes)?;
+        let rendered: Vec<String> =
+            families.iter().map(|(_, rules)| format!("{}{}", rules.nat.render(), rules.filter.render())).collect();
+        let sets_unchanged = self.written.sets.as_ref() == Some(&wanted);
+        let rules_unchanged = self.written.rules.as_ref() == Some(&rendered);
+        if sets_unchanged && rules_unchanged {
+            return Ok(0);
+        }
+        // Written anew below: forgotten until it has been.
+        let written_sets = self.written.sets.take();
+        self.written.rules = None;
+        let set_changes = if sets_unchanged {
+            self.written.sets = written_sets;
+            ipset::Changes::default()
+        } else {
+            // What this process wrote last, else what the kernel has.
+            let current = match &written_sets {
+                Some(sets) => sets.iter().map(|(name, set)| (name.clone(), set.as_saved())).collect(),
+                None => self.ipset.save()?,
+            };
+            let set_changes = ipset::changes(&current, &wanted, rules::is_our_set);
+            self.ipset.apply(&set_changes)?;
+            set_changes
+        };
         let mut operations = set_changes.operations;
+        if rules_unchanged {
+            self.written.rules = Some(rendered);
+            self.written.sets = Some(wanted);
+            return Ok(operations);
+        }
         for (family, family_rules) in families {
             let fam = rules::family_of(family);
             let mut table = family_rules.nat;
@@ -264,6 +348,8 @@ impl IpvsBackend {
         }
         // No rule names them any more.
         self.ipset.destroy(&set_changes.stale)?;
+        self.written.rules = Some(rendered);
+        self.written.sets = Some(wanted);
         Ok(operations + set_changes.stale.len())
     }
 
@@ -388,7 +474,10 @@ impl Dataplane for IpvsBackend {
         }
         // Ours: what we programmed, what is on kube-ipvs0, what the plan wants, and the
         // node's own addresses (NodePorts) - the services upstream would own too.
-        let mut ours: BTreeSet<IpAddr> = self.interface.addresses()?;
+        let mut ours: BTreeSet<IpAddr> = match &self.written.addresses {
+            Some(addresses) => addresses.clone(),
+            None => self.interface.addresses()?,
+        };
         ours.extend(spelling.addresses.iter().copied());
         ours.extend(node_addresses.iter().copied());
         let programmed = self.programmed.clone();
@@ -398,14 +487,24 @@ impl Dataplane for IpvsBackend {
             .ipvs()?
             .table()?
             .into_iter()
-            .filter(|entry| ours.contains(&entry.service.key.address) || programmed.contains(&entry.service.key))
+            .filter(|entry| is_ours(&entry.service.key, &ours, &programmed))
             // An excluded address's services are left alone unless the plan wants them.
-            .filter(|entry| !config.excluded(&entry.service.key.address) || wanted.contains(&entry.service.key))
+            .filter(|entry| !config.excluded(&entry.service.key) || wanted.contains(&entry.service.key))
             .collect();
         let changes = diff(&current, &spelling.services);
         // Addresses first, so a new ClusterIP is local before its service exists; the
         // masquerade rules before the services that need them.
-        let address_operations = self.interface.sync(&spelling.addresses)?;
+        let address_operations = if self.written.addresses.as_ref() == Some(&spelling.addresses) {
+            0
+        } else {
+            let written = self.written.addresses.take();
+            let operations = match written {
+                Some(current) => self.interface.change(&current, &spelling.addresses)?,
+                None => self.interface.sync(&spelling.addresses)?,
+            };
+            self.written.addresses = Some(spelling.addresses.clone());
+            operations
+        };
         let rule_operations = self.sync_rules(plan, &node_addresses)?;
         self.ipvs()?.apply(&changes)?;
         self.programmed = spelling.services.iter().map(|entry| entry.service.key).collect();
@@ -416,7 +515,9 @@ impl Dataplane for IpvsBackend {
         })
     }
 
-    fn request_full_resync(&mut self) {}
+    fn request_full_resync(&mut self) {
+        self.written = Written::default();
+    }
 
     fn detect_drift(&mut self) -> Option<String> {
         None
@@ -450,7 +551,11 @@ impl Dataplane for IpvsBackend {
     }
 
     fn cleanup(&mut self) -> Result<bool, DataplaneError> {
-        let addresses = self.interface.addresses()?;
+        // Ours, as a sync counts them: the services on kube-ipvs0's addresses, on the
+        // node's own addresses (NodePorts; a cleanup process never synced, so it knows
+        // them only this way), what this process programmed, and our firewall marks.
+        let mut addresses = self.interface.addresses()?;
+        addresses.extend(svcplane_ipvs::local_addresses(INTERFACE)?);
         let programmed = self.programmed.clone();
         let config = self.config.clone();
         let mut removed = false;
@@ -459,10 +564,8 @@ impl Dataplane for IpvsBackend {
                 let ours: Vec<ServiceEntry> = ipvs
                     .table()?
                     .into_iter()
-                    .filter(|entry| {
-                        addresses.contains(&entry.service.key.address) || programmed.contains(&entry.service.key)
-                    })
-                    .filter(|entry| !config.excluded(&entry.service.key.address))
+                    .filter(|entry| is_ours(&entry.service.key, &addresses, &programmed))
+                    .filter(|entry| !config.excluded(&entry.service.key))
                     .collect();
                 removed |= !ours.is_empty();
                 ipvs.apply(&diff(&ours, &[]))?;
@@ -474,6 +577,7 @@ impl Dataplane for IpvsBackend {
         removed |= self.interface.delete()?;
         removed |= self.cleanup_rules()?;
         self.programmed.clear();
+        self.written = Written::default();
         Ok(removed)
     }
 }
@@ -589,6 +693,54 @@ mod tests {
             spelling.services.iter().map(|e| format!("{} {}", e.service.key, e.service.scheduler)).collect();
         assert_eq!(keys, vec!["sctp 198.18.0.11:30080 lc", "sctp 198.19.0.10:80 lc"]);
         assert!(!spelling.addresses.contains(&"198.18.0.11".parse().unwrap()));
+    }
+
+    #[test]
+    fn an_external_traffic_policy_local_address_keeps_the_local_endpoints_and_its_marks_get_every_endpoint() {
+        let mut service = KubeService::cluster_ip(
+            NamespacedName::new("default", "web"),
+            vec!["198.19.0.10".parse().unwrap()],
+            vec![ServicePort { name: "http".into(), protocol: Protocol::Tcp, port: 80, node_port: Some(30080) }],
+        );
+        service.service_type = ServiceType::LoadBalancer;
+        service.external_traffic_policy = svcplane_core::TrafficPolicy::Local;
+        service.load_balancer_ingress =
+            vec![svcplane_core::LoadBalancerIngress { ip: "198.18.100.1".parse().unwrap(), is_proxy_mode: false }];
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(service));
+        state.apply(Change::SliceUpserted(EndpointSlice {
+            last_change_trigger: None,
+            name: NamespacedName::new("default", "web-abc"),
+            service: NamespacedName::new("default", "web"),
+            family: IpFamily::V4,
+            ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
+            endpoints: vec![
+                Endpoint::ready("198.18.128.2".parse().unwrap(), Some("node1")),
+                Endpoint::ready("198.18.129.2".parse().unwrap(), Some("node2")),
+            ],
+        }));
+        let config = NodeConfig {
+            node_name: "node1".into(),
+            node_ips: vec!["198.18.0.11".parse().unwrap()],
+            cluster_cidrs: vec!["198.18.128.0/17".parse().unwrap()],
+            node_port_addresses: NodePortAddresses::AllLocal,
+        };
+        let plan = NodePlan::build(&state, config);
+        let spelling = spell(&plan, "rr", &[]);
+        let reals = |key: &ServiceKey| -> Vec<String> {
+            let entry = spelling.services.iter().find(|entry| entry.service.key == *key).expect("the service");
+            entry.destinations.values().map(|d| format!("{}:{} {}", d.address, d.port, d.weight)).collect()
+        };
+        let lb = ServiceKey::new("198.18.100.1".parse().unwrap(), Protocol::Tcp, 80);
+        assert_eq!(reals(&lb), vec!["198.18.128.2:8080 1", "198.18.129.2:8080 0"], "external sources: local only");
+        let marks = fwmark::marks(&plan, IpFamily::V4, &[]);
+        let mark = marks.values().next().expect("the load-balancer IP is marked").mark;
+        for value in [mark, mark | rules::MASQ_MARK] {
+            let key = ServiceKey::for_fwmark("0.0.0.0".parse().unwrap(), value);
+            assert_eq!(reals(&key), vec!["198.18.128.2:8080 1", "198.18.129.2:8080 1"], "{key}");
+        }
+        let fwmark_services = spelling.services.iter().filter(|entry| entry.service.key.fwmark != 0).count();
+        assert_eq!(fwmark_services, 2, "the ClusterIP needs no mark");
     }
 
     #[test]

@@ -35,6 +35,7 @@ use svcplane_core::{
 };
 use svcplane_iptables::{Family, MarkOp, Match, RejectWith, RestoreTable, Rule, Table, Target};
 
+use crate::fwmark;
 use crate::ipset::{self, IpSet, SetType};
 
 pub const SERVICES: &str = "KUBE-SERVICES";
@@ -290,7 +291,33 @@ pub fn family_rules(plan: &NodePlan, family: IpFamily, node_port_addresses: &[Ip
     let loop_back = ipset::set_name(family, "LOOP-BACK");
     let firewall = ipset::set_name(family, "LOAD-BALANCER-FW");
     let allowed = ipset::set_name(family, "LOAD-BALANCER-SOURCE-CIDR");
+    let marks = fwmark::marks(plan, family, node_port_addresses);
+    let mut mark_rules = Vec::new();
     for port in plan.service_ports.values().filter(|port| port.family == family) {
+        for frontend in &port.frontends {
+            let Some(other) = fwmark::other_set(port, frontend) else { continue };
+            for address in builder.addresses(frontend.destination) {
+                let key = fwmark::MarkedFrontend { address, protocol: port.protocol, port: frontend.port };
+                let Some(mark) = marks.get(&key) else { continue };
+                // The first route whose sources match decides: written last to first, so
+                // the last rule that sets the bits is the first route's. A route to the
+                // catch-all set clears them (the address service takes the packet).
+                let mut written = false;
+                for route in frontend.routes.iter().rev() {
+                    let value = if route.endpoints == other { mark.mark } else { 0 };
+                    if value == 0 && !written {
+                        continue;
+                    }
+                    written = true;
+                    let base = Rule::new()
+                        .protocol(port.protocol)
+                        .destination(address)
+                        .destination_port(frontend.port)
+                        .target(Target::Mark(MarkOp::SetXmark { value, mask: fwmark::MARK_MASK }));
+                    mark_rules.extend(builder.with_sources(base, &route.sources));
+                }
+            }
+        }
         if port.masquerade_hairpin {
             // Hairpin: a pod that IPVS sent to itself is masqueraded, or its reply would
             // bypass the node. After IPVS, the packet's source and destination are that
@@ -356,6 +383,10 @@ pub fn family_rules(plan: &NodePlan, family: IpFamily, node_port_addresses: &[Ip
     );
     nat.append(POSTROUTING, Rule::new().target(Target::Mark(MarkOp::Xor(MASQ_MARK))));
     nat.append(POSTROUTING, Rule::new().target(Target::Masquerade { random_fully: true }));
+    // Firewall marks first: they decide nothing but which virtual service IPVS takes.
+    for rule in mark_rules {
+        nat.append(SERVICES, rule);
+    }
     // Sets of addresses first; ports on any local address last, so a Service address that
     // shares a NodePort's number is decided by its own set.
     let groups = std::mem::take(&mut builder.nat_groups);
@@ -540,6 +571,55 @@ mod tests {
         ] {
             assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
         }
+    }
+
+    #[test]
+    fn pods_and_the_node_to_an_external_traffic_policy_local_address_are_marked_for_every_endpoint() {
+        let (mut service, mut slice) = web("web", "198.19.0.10", 30080, "198.18.128.2");
+        service.service_type = ServiceType::LoadBalancer;
+        service.external_traffic_policy = TrafficPolicy::Local;
+        service.load_balancer_ingress =
+            vec![svcplane_core::LoadBalancerIngress { ip: "198.18.100.1".parse().unwrap(), is_proxy_mode: false }];
+        slice.endpoints.push(Endpoint::ready("198.18.129.2".parse().unwrap(), Some("node2")));
+        let node_ip: IpAddr = "198.18.0.11".parse().unwrap();
+        let plan = plan_of(vec![(service, slice)]);
+        let rules = family_rules(&plan, IpFamily::V4, &[node_ip]);
+        let marks = fwmark::marks(&plan, IpFamily::V4, &[node_ip]);
+        let lb = fwmark::MarkedFrontend { address: "198.18.100.1".parse().unwrap(), protocol: Protocol::Tcp, port: 80 };
+        let node_port = fwmark::MarkedFrontend { address: node_ip, protocol: Protocol::Tcp, port: 30080 };
+        assert_eq!(
+            marks.keys().copied().collect::<Vec<_>>(),
+            vec![node_ip_first(node_port, lb), node_ip_last(node_port, lb)]
+        );
+        let mark = marks[&lb].mark;
+        assert_ne!(mark, marks[&node_port].mark, "one mark per frontend address");
+        assert_eq!(mark & !fwmark::MARK_MASK, 0);
+        assert_eq!(marks[&lb].endpoints, svcplane_core::EndpointSetKind::Cluster);
+        let text = rules.nat.render();
+        let set = format!("-j MARK --set-xmark {mark:#x}/0xfff0000");
+        for expected in [
+            format!("-A KUBE-SERVICES -m tcp -p tcp -d 198.18.100.1 --dport 80 -m addrtype --src-type LOCAL {set}"),
+            format!("-A KUBE-SERVICES -m tcp -p tcp -d 198.18.100.1 --dport 80 -s 198.18.128.0/17 {set}"),
+        ] {
+            assert!(text.contains(&expected), "missing {expected:?} in:\n{text}");
+        }
+        let first_mark = text.find("--set-xmark").unwrap();
+        let first_set = text.find("-A KUBE-SERVICES -m set").unwrap();
+        assert!(first_mark < first_set, "marks come before the masquerade decisions:\n{text}");
+        // Later rules win: the pod route (first in the plan) is written after the node's.
+        assert!(
+            text.find("-d 198.18.100.1 --dport 80 -m addrtype").unwrap()
+                < text.find("-d 198.18.100.1 --dport 80 -s 198.18.128.0/17").unwrap(),
+            "{text}"
+        );
+    }
+
+    fn node_ip_first(a: fwmark::MarkedFrontend, b: fwmark::MarkedFrontend) -> fwmark::MarkedFrontend {
+        a.min(b)
+    }
+
+    fn node_ip_last(a: fwmark::MarkedFrontend, b: fwmark::MarkedFrontend) -> fwmark::MarkedFrontend {
+        a.max(b)
     }
 
     #[test]

@@ -249,7 +249,7 @@ fn virtual_services_in_excluded_cidrs_survive_sync_and_cleanup() {
     node.run(|| {
         // A virtual service another program made on the node's address (where NodePorts
         // are, so a sync would take it for one of its own).
-        let foreign = ServiceKey { address: NODE_IP.parse().unwrap(), protocol: Protocol::Tcp, port: 8443 };
+        let foreign = ServiceKey::new(NODE_IP.parse().unwrap(), Protocol::Tcp, 8443);
         let service = svcplane_ipvs::Service { key: foreign, scheduler: "rr".into(), persistence_seconds: 0 };
         let mut ipvs = Ipvs::new().expect("IPVS in the namespace");
         ipvs.apply(&[svcplane_ipvs::Change::AddService(service.clone())]).expect("adding the foreign service");

@@ -65,6 +65,23 @@ impl DummyInterface {
         Ok(operations)
     }
 
+    /// Turns the interface's addresses from `current` (what the caller wrote last, on an
+    /// interface it made) into `wanted`, in one `ip -batch` (none when they are equal).
+    pub fn change(&self, current: &BTreeSet<IpAddr>, wanted: &BTreeSet<IpAddr>) -> Result<usize, IpvsError> {
+        let mut script = String::new();
+        for address in current.difference(wanted) {
+            script.push_str(&format!("addr del {} dev {}\n", host_prefix(*address), self.name));
+        }
+        for address in wanted.difference(current) {
+            script.push_str(&format!("addr add {} dev {}\n", host_prefix(*address), self.name));
+        }
+        let operations = script.lines().count();
+        if operations > 0 {
+            self.batch(&script)?;
+        }
+        Ok(operations)
+    }
+
     /// Deletes the interface (and its addresses). Returns whether it existed.
     pub fn delete(&self) -> Result<bool, IpvsError> {
         let status = Command::new("ip")

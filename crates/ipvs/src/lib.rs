@@ -9,8 +9,10 @@
 //!
 //! It decides nothing and knows nothing of Services: which addresses, schedulers, weights
 //! and persistence to program is the caller's business (svcplane's core decides, the IPVS
-//! backend spells it). It does not touch fwmark services, forwarding methods other than
-//! masquerading (NAT), ipsets or iptables rules.
+//! backend spells it). Besides services by (address, protocol, port) it programs firewall
+//! mark services ([`ServiceKey::for_fwmark`]: IPVS takes a packet whose mark is the
+//! service's before looking at its destination); it marks no packet itself. It does not
+//! touch forwarding methods other than masquerading (NAT), ipsets or iptables rules.
 
 mod interface;
 mod wire;
@@ -26,16 +28,42 @@ use svcplane_net::Protocol;
 
 use wire::*;
 
-/// What identifies a virtual service: address, protocol, port.
+/// What identifies a virtual service: address, protocol, port; or, for a firewall mark
+/// service (`fwmark` not 0), the mark and the family (the address is the family's
+/// unspecified address, the protocol TCP and the port 0, as the kernel keeps them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceKey {
     pub address: IpAddr,
     pub protocol: Protocol,
     pub port: u16,
+    /// 0 for a service by address; otherwise the packet mark the service takes.
+    pub fwmark: u32,
+}
+
+impl ServiceKey {
+    /// The service on `address`, `protocol`, `port`.
+    pub fn new(address: IpAddr, protocol: Protocol, port: u16) -> Self {
+        ServiceKey { address, protocol, port, fwmark: 0 }
+    }
+
+    /// The firewall mark service of `mark` (not 0) in the family of `family`: it takes
+    /// packets of any protocol and destination whose mark is exactly `mark`.
+    pub fn for_fwmark(family: IpAddr, mark: u32) -> Self {
+        let address = if family.is_ipv4() {
+            IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+        };
+        ServiceKey { address, protocol: Protocol::Tcp, port: 0, fwmark: mark }
+    }
 }
 
 impl std::fmt::Display for ServiceKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.fwmark != 0 {
+            let family = if self.address.is_ipv4() { "IPv4" } else { "IPv6" };
+            return write!(f, "fwmark {:#x} {family}", self.fwmark);
+        }
         match self.address {
             IpAddr::V4(address) => write!(f, "{} {address}:{}", self.protocol.as_str(), self.port),
             IpAddr::V6(address) => write!(f, "{} [{address}]:{}", self.protocol.as_str(), self.port),
@@ -186,7 +214,7 @@ impl Ipvs {
         self.seq
     }
 
-    /// Every TCP, UDP and SCTP virtual service (fwmark services are left out).
+    /// Every TCP, UDP and SCTP virtual service, and every firewall mark service.
     pub fn services(&mut self) -> Result<Vec<Service>, IpvsError> {
         let seq = self.next_seq();
         let request =
@@ -353,7 +381,7 @@ mod tests {
     use super::*;
 
     fn key(port: u16) -> ServiceKey {
-        ServiceKey { address: "198.19.0.10".parse().unwrap(), protocol: Protocol::Tcp, port }
+        ServiceKey::new("198.19.0.10".parse().unwrap(), Protocol::Tcp, port)
     }
 
     fn destination(last: u8, weight: u32) -> Destination {

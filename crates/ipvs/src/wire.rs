@@ -48,6 +48,7 @@ const IPVS_SVC_ATTR_AF: u16 = 1;
 const IPVS_SVC_ATTR_PROTOCOL: u16 = 2;
 const IPVS_SVC_ATTR_ADDR: u16 = 3;
 const IPVS_SVC_ATTR_PORT: u16 = 4;
+const IPVS_SVC_ATTR_FWMARK: u16 = 5;
 const IPVS_SVC_ATTR_SCHED_NAME: u16 = 6;
 const IPVS_SVC_ATTR_FLAGS: u16 = 7;
 const IPVS_SVC_ATTR_TIMEOUT: u16 = 8;
@@ -131,8 +132,11 @@ impl Request {
         self
     }
 
-    /// The service's identity: family, protocol, address, port.
+    /// The service's identity: family, protocol, address, port; or family and mark.
     pub(crate) fn service_key(&mut self, key: &ServiceKey) -> &mut Self {
+        if key.fwmark != 0 {
+            return self.u16(IPVS_SVC_ATTR_AF, family_of(key.address)).u32(IPVS_SVC_ATTR_FWMARK, key.fwmark);
+        }
         self.u16(IPVS_SVC_ATTR_AF, family_of(key.address))
             .u16(IPVS_SVC_ATTR_PROTOCOL, protocol_number(key.protocol))
             .attr(IPVS_SVC_ATTR_ADDR, &address_bytes(key.address))
@@ -263,13 +267,28 @@ pub(crate) fn family_id(payload: &[u8]) -> Option<u16> {
     find(&attributes(payload.get(4..)?), CTRL_ATTR_FAMILY_ID).and_then(|value| u16_of(&value))
 }
 
-/// A service in a `IPVS_CMD_GET_SERVICE` dump answer; `None` for fwmark services (not ours)
-/// and protocols we do not program.
+/// A service in a `IPVS_CMD_GET_SERVICE` dump answer; `None` for protocols we do not
+/// program.
 pub(crate) fn parse_service(payload: &[u8]) -> Option<Service> {
     let outer = attributes(payload.get(4..)?);
     let nested = find(&outer, IPVS_CMD_ATTR_SERVICE)?;
     let inner = attributes(&nested);
     let family = u16_of(&find(&inner, IPVS_SVC_ATTR_AF)?)?;
+    let scheduler = find(&inner, IPVS_SVC_ATTR_SCHED_NAME)
+        .map(|value| String::from_utf8_lossy(value.split(|byte| *byte == 0).next().unwrap_or_default()).into_owned())
+        .unwrap_or_default();
+    let flags = find(&inner, IPVS_SVC_ATTR_FLAGS).and_then(|value| u32_of(&value)).unwrap_or(0);
+    let timeout = find(&inner, IPVS_SVC_ATTR_TIMEOUT).and_then(|value| u32_of(&value)).unwrap_or(0);
+    let persistence_seconds = if flags & IP_VS_SVC_F_PERSISTENT != 0 { timeout } else { 0 };
+    let fwmark = find(&inner, IPVS_SVC_ATTR_FWMARK).and_then(|value| u32_of(&value)).unwrap_or(0);
+    if fwmark != 0 {
+        let family = match family {
+            AF_INET => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            AF_INET6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            _ => return None,
+        };
+        return Some(Service { key: ServiceKey::for_fwmark(family, fwmark), scheduler, persistence_seconds });
+    }
     let protocol = match u16_of(&find(&inner, IPVS_SVC_ATTR_PROTOCOL)?)? {
         IPPROTO_TCP => Protocol::Tcp,
         IPPROTO_UDP => Protocol::Udp,
@@ -278,16 +297,7 @@ pub(crate) fn parse_service(payload: &[u8]) -> Option<Service> {
     };
     let address = address_of(family, &find(&inner, IPVS_SVC_ATTR_ADDR)?)?;
     let port = u16::from_be_bytes(find(&inner, IPVS_SVC_ATTR_PORT)?.get(..2)?.try_into().ok()?);
-    let scheduler = find(&inner, IPVS_SVC_ATTR_SCHED_NAME)
-        .map(|value| String::from_utf8_lossy(value.split(|byte| *byte == 0).next().unwrap_or_default()).into_owned())
-        .unwrap_or_default();
-    let flags = find(&inner, IPVS_SVC_ATTR_FLAGS).and_then(|value| u32_of(&value)).unwrap_or(0);
-    let timeout = find(&inner, IPVS_SVC_ATTR_TIMEOUT).and_then(|value| u32_of(&value)).unwrap_or(0);
-    Some(Service {
-        key: ServiceKey { address, protocol, port },
-        scheduler,
-        persistence_seconds: if flags & IP_VS_SVC_F_PERSISTENT != 0 { timeout } else { 0 },
-    })
+    Some(Service { key: ServiceKey::new(address, protocol, port), scheduler, persistence_seconds })
 }
 
 /// A destination in a `IPVS_CMD_GET_DEST` dump answer, with its active and inactive
@@ -313,7 +323,7 @@ mod tests {
 
     fn service() -> Service {
         Service {
-            key: ServiceKey { address: "198.19.0.10".parse().unwrap(), protocol: Protocol::Sctp, port: 80 },
+            key: ServiceKey::new("198.19.0.10".parse().unwrap(), Protocol::Sctp, 80),
             scheduler: "rr".to_owned(),
             persistence_seconds: 10800,
         }
@@ -346,6 +356,25 @@ mod tests {
             request.service(&plain);
         });
         assert_eq!(parse_service(&payload), Some(plain));
+    }
+
+    #[test]
+    fn a_firewall_mark_service_reads_back_with_its_mark_and_family() {
+        for family in ["0.0.0.0", "::"] {
+            let marked = Service {
+                key: ServiceKey::for_fwmark(family.parse().unwrap(), 0x0001_4000),
+                scheduler: "rr".to_owned(),
+                persistence_seconds: 0,
+            };
+            let payload = answer(IPVS_CMD_ATTR_SERVICE, |request| {
+                request.service(&marked);
+            });
+            let inner = attributes(&payload[4..]);
+            let nested = find(&inner, IPVS_CMD_ATTR_SERVICE).unwrap();
+            let kinds: Vec<u16> = attributes(&nested).iter().map(|(kind, _)| *kind).collect();
+            assert!(!kinds.contains(&IPVS_SVC_ATTR_ADDR) && !kinds.contains(&IPVS_SVC_ATTR_PORT), "{kinds:?}");
+            assert_eq!(parse_service(&payload), Some(marked));
+        }
     }
 
     #[test]

@@ -66,7 +66,7 @@ fn entry(
     let address: IpAddr = address.parse().expect("a test address");
     ServiceEntry {
         service: Service {
-            key: ServiceKey { address, protocol, port },
+            key: ServiceKey::new(address, protocol, port),
             scheduler: scheduler.to_owned(),
             persistence_seconds: persistence,
         },
@@ -112,6 +112,16 @@ fn ipvs_services_and_real_servers_round_trip_through_generic_netlink() {
             entry("198.19.0.11", Protocol::Sctp, 80, "rr", 10800, &[("198.18.2.3", 1)]),
             entry("2001:db8:19::10", Protocol::Tcp, 80, "rr", 0, &[("2001:db8:18::2", 1)]),
         ];
+        // Firewall-mark services of each family, one with the masquerade bit in its mark.
+        for (family, mark, real) in [
+            ("0.0.0.0", 0x0001_0000, "198.18.2.2"),
+            ("0.0.0.0", 0x0001_4000, "198.18.2.3"),
+            ("::", 0x0001_0000, "2001:db8:18::2"),
+        ] {
+            let mut marked = entry(real, Protocol::Tcp, 80, "rr", 0, &[(real, 1)]);
+            marked.service.key = ServiceKey::for_fwmark(family.parse().unwrap(), mark);
+            wanted.push(marked);
+        }
         for (index, scheduler) in SCHEDULERS.iter().enumerate() {
             let port = 9000 + index as u16;
             wanted.push(entry("198.19.0.12", Protocol::Tcp, port, scheduler, 0, &[("198.18.2.2", 1)]));
@@ -120,7 +130,8 @@ fn ipvs_services_and_real_servers_round_trip_through_generic_netlink() {
         let changes = diff(&[], &wanted);
         ipvs.apply(&changes).expect("programming the table");
         let read = sorted(ipvs.table().expect("reading the table back"));
-        assert_eq!(read, wanted, "the table reads back as programmed, schedulers and persistence included");
+        assert_eq!(read, wanted, "the table reads back as programmed, schedulers, persistence and marks included");
+        assert_eq!(read.iter().filter(|entry| entry.service.key.fwmark != 0).count(), 3, "{read:?}");
         assert_eq!(diff(&read, &wanted), vec![], "a sync of an unchanged table sends nothing");
 
         // One endpoint gone, one draining at weight 0, one service's scheduler changed.
@@ -136,12 +147,13 @@ fn ipvs_services_and_real_servers_round_trip_through_generic_netlink() {
         let draining: IpAddr = "198.18.2.2".parse().unwrap();
         web.destinations.get_mut(&(draining, 8080)).unwrap().weight = 0;
         web.service.scheduler = "lc".to_owned();
-        next.retain(|e| e.service.key.protocol != Protocol::Udp);
+        next.retain(|e| e.service.key.protocol != Protocol::Udp && e.service.key.fwmark != 0x0001_4000);
         let changes = diff(&read, &next);
         assert_eq!(
             changes.len(),
-            4,
-            "delete the UDP service, update the scheduler, delete one real server, drain another: {changes:?}"
+            5,
+            "delete the UDP service and a firewall-mark one, update the scheduler, delete one real server, drain \
+             another: {changes:?}"
         );
         assert!(matches!(changes[0], Change::DeleteService(_)));
         ipvs.apply(&changes).expect("applying the difference");
