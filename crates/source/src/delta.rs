@@ -5,7 +5,9 @@
 //! a changed Pod's labels, before or after the change (Pods and Service selectors are both
 //! indexed by namespace and label, so finding them costs the Pod's labels, not the cluster);
 //! every Service when a Node changes (zones). Only those are allocated again
-//! ([`Allocator::allocate_changed`]: everyone else keeps what they hold), planned
+//! ([`Allocator::allocate_changed`]: everyone else keeps what they hold; handed over in the
+//! order of a complete read, path then document, since two Services asking for one ClusterIP
+//! are settled by that order), planned
 //! ([`plan_slices_from`]) and converted; the result is a [`PartialSnapshot`] for the differ.
 //! LoadBalancer pools are the exception: with any pool present, a Service or pool change
 //! assigns load balancer addresses over all Services, as [`svcplane_controller::reconcile`]
@@ -27,7 +29,7 @@ use crate::convert::{FieldError, new_slice_address_errors, node_to_core, service
 use crate::diff::PartialSnapshot;
 use crate::held::{Held, PodRecord};
 use crate::manifests::{ObjectKind, ObjectRef};
-use crate::store::{ManifestStore, ObjectChange};
+use crate::store::{DefinitionOrder, ManifestStore, ObjectChange};
 
 /// `(namespace, label key, label value)` hashed: a posting-list key. A collision only adds
 /// candidates, which the full selector check then drops.
@@ -78,7 +80,13 @@ pub(crate) struct DeltaOutput {
 
 impl DeltaState {
     /// Takes the changed objects into account and returns what the core must learn.
-    pub(crate) fn apply(&mut self, changes: Vec<ObjectChange>, allocator: &mut Allocator) -> DeltaOutput {
+    /// `store` is the store the changes came from, after them (for the order of definitions).
+    pub(crate) fn apply(
+        &mut self,
+        changes: Vec<ObjectChange>,
+        store: &ManifestStore,
+        allocator: &mut Allocator,
+    ) -> DeltaOutput {
         let mut output = DeltaOutput::default();
         let mut affected: BTreeSet<ObjectRef> = BTreeSet::new();
         let mut services_changed: BTreeSet<ObjectRef> = BTreeSet::new();
@@ -165,11 +173,11 @@ impl DeltaState {
         // Allocation: the changed Services, and the refused ones again (they may fit now).
         let retried: Vec<ObjectRef> = self.refused.keys().filter(|r| !services_changed.contains(r)).cloned().collect();
         if !services_changed.is_empty() || !retried.is_empty() {
-            let mut settle: Vec<Service> = Vec::new();
+            let mut settle: Vec<(Option<DefinitionOrder<'_>>, Service)> = Vec::new();
             let mut removed: Vec<ObjectKey> = Vec::new();
             for reference in services_changed.iter().chain(&retried) {
                 match self.services.get(reference).and_then(|o| o.as_service()) {
-                    Some(service) => settle.push(service.clone()),
+                    Some(service) => settle.push((store.order_of(reference), service.clone())),
                     None => {
                         removed.push(ObjectKey::new(reference.namespace.clone(), reference.name.clone()));
                         self.allocated.remove(reference);
@@ -178,6 +186,11 @@ impl DeltaState {
                     }
                 }
             }
+            // In the order of a complete read (path, document, object), not by name: the
+            // allocator gives a ClusterIP asked for by two Services to the first one it
+            // sees, and a complete read shows them in that order.
+            settle.sort_by(|a, b| a.0.cmp(&b.0));
+            let settle: Vec<Service> = settle.into_iter().map(|(_, service)| service).collect();
             // The first time, every Service is here: a full pass also releases what a restored
             // record holds for Services that are gone.
             let outcome = if std::mem::replace(&mut self.allocated_once, true) {
@@ -473,6 +486,229 @@ mod tests {
             let mut model = Self::default();
             model.apply(feed(dir).read_changes().unwrap());
             model
+        }
+    }
+
+    /// A hand-written EndpointSlice (IPv4) of the selector-less Service `service`.
+    fn hand_slice(service: &str, suffix: &str, port: u16, addresses: &[&str]) -> String {
+        let mut text = format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-{suffix}\n  namespace: lab\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: IPv4\nports:\n  - name: tcp\n    protocol: TCP\n    port: {port}\nendpoints:\n"
+        );
+        for address in addresses {
+            writeln!(text, "  - addresses: [\"{address}\"]\n    conditions:\n      ready: true").unwrap();
+        }
+        text
+    }
+
+    fn selectorless(service: &str, cluster_ip: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {service}, namespace: lab}}\nspec:\n  clusterIP: {cluster_ip}\n  ports: [{{name: tcp, port: 80, targetPort: 8080}}]\n"
+        )
+    }
+
+    #[test]
+    fn a_selectorless_service_with_two_slices_keeps_each_slice_with_its_own_port_and_endpoints() {
+        let dir = TempDir::new("delta-selectorless");
+        let live = hand_slice("retry", "live", 8080, &["198.18.0.2"]);
+        let dead = hand_slice("retry", "dead", 8099, &["198.18.0.3", "198.18.0.4"]);
+        dir.write("retry.yaml", &format!("{}{live}{dead}", selectorless("retry", "198.19.0.80")));
+        let mut feed = feed(&dir);
+        let mut model = Model::default();
+        model.apply(feed.poll_changes().expect("the first look gives the state"));
+        assert_eq!(model.slices.len(), 2, "{model:?}");
+        assert_eq!(model, Model::complete(&dir), "the first look");
+
+        // The dead slice's endpoints change, then the live one moves to another address,
+        // then the dead slice goes, then it comes back in a file of its own.
+        let dead_again = hand_slice("retry", "dead", 8099, &["198.18.0.5"]);
+        write(&dir, "retry.yaml", &format!("{}{live}{dead_again}", selectorless("retry", "198.19.0.80")));
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after the dead slice's edit");
+
+        let moved = hand_slice("retry", "live", 8080, &["198.18.0.6"]);
+        write(&dir, "retry.yaml", &format!("{}{moved}{dead_again}", selectorless("retry", "198.19.0.80")));
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after the live slice's edit");
+
+        write(&dir, "retry.yaml", &format!("{}{moved}", selectorless("retry", "198.19.0.80")));
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after the dead slice's removal");
+        assert_eq!(model.slices.len(), 1, "{model:?}");
+
+        write(&dir, "z-dead.yaml", &dead);
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after the dead slice came back in a file of its own");
+        fs::remove_file(dir.0.join("z-dead.yaml")).unwrap();
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after that file's removal");
+    }
+
+    #[test]
+    fn a_cluster_ip_asked_for_by_two_services_goes_to_the_first_in_path_order_as_in_a_complete_read() {
+        // `retry` (selector-less, two slices of different ports) in a.yaml and `lb` (a
+        // selector) in b.yaml both ask for 198.19.0.80. A complete read sees retry first and
+        // gives it the address; `lb`, whose name sorts first, is refused.
+        let dir = TempDir::new("delta-conflict");
+        let live = hand_slice("retry", "live", 8080, &["198.18.0.2"]);
+        let dead = hand_slice("retry", "dead", 8099, &["198.18.0.3"]);
+        dir.write("a.yaml", &format!("{}{live}{dead}", selectorless("retry", "198.19.0.80")));
+        let lb = "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: lab}\nspec:\n  clusterIP: 198.19.0.80\n  selector: {app: svc-1}\n  ports: [{name: tcp, port: 80, targetPort: 8080}]\n---\n";
+        dir.write("b.yaml", &format!("{lb}{}", part(1, 1, None)));
+        let mut feed = feed(&dir);
+        let mut model = Model::default();
+        model.apply(feed.poll_changes().expect("the first look gives the state"));
+        assert_eq!(model, Model::complete(&dir), "the first look");
+        assert!(model.services.contains_key("lab/retry"), "{:?}", model.services.keys());
+        assert!(!model.services.contains_key("lab/lb"), "{:?}", model.services.keys());
+
+        // Both edited at once: retry keeps the address.
+        write(&dir, "a.yaml", &format!("{}{live}", selectorless("retry", "198.19.0.80")));
+        write(&dir, "b.yaml", &format!("{}{}", lb.replace("port: 80,", "port: 81,"), part(1, 1, None)));
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after both edits");
+
+        // The holder goes: the other one gets the address.
+        fs::remove_file(dir.0.join("a.yaml")).unwrap();
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after the holder's removal");
+        assert!(model.services.contains_key("lab/lb"), "{:?}", model.services.keys());
+    }
+
+    /// A small deterministic generator (xorshift64*), so that a failing sequence repeats.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+        }
+    }
+
+    /// One random definition of object `id` (Services 0..6, Pods 6..14, hand-written slices
+    /// 14..18, the Node 18): few values each, so that selectors match, ClusterIPs are asked
+    /// for twice, and slices of one selector-less Service differ in port and address.
+    fn random_object(id: usize, rng: &mut Rng) -> String {
+        match id {
+            0..6 => {
+                let ip = match rng.below(3) {
+                    0 => String::new(),
+                    n => format!("\n  clusterIP: 198.19.0.{}", 9 + n),
+                };
+                let selector = match rng.below(4) {
+                    3 => String::new(),
+                    app => format!("\n  selector: {{app: a{app}}}"),
+                };
+                let port = 80 + rng.below(2);
+                format!(
+                    "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{id}, namespace: lab}}\nspec:{ip}{selector}\n  ports: [{{name: tcp, port: {port}, targetPort: 8080}}]\n"
+                )
+            }
+            6..14 => {
+                let ready = if rng.below(4) == 0 { "False" } else { "True" };
+                format!(
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: pod-{id}, namespace: lab, labels: {{app: a{}}}}}\nspec: {{nodeName: node-1, containers: [{{name: app, image: app}}]}}\nstatus:\n  podIP: 198.18.{}.{id}\n  conditions: [{{type: Ready, status: '{ready}'}}]\n",
+                    rng.below(3),
+                    rng.below(2)
+                )
+            }
+            14..18 => {
+                let service = format!("svc-{}", rng.below(3));
+                let address = format!("198.18.9.{}", rng.below(4) + 1);
+                hand_slice(&service, &format!("h{id}"), 8080 + rng.below(2) as u16, &[&address])
+                    .trim_start_matches("---\n")
+                    .to_owned()
+            }
+            _ => {
+                let zone =
+                    ["", ", labels: {topology.kubernetes.io/zone: z1}", ", labels: {topology.kubernetes.io/zone: z2}"]
+                        [rng.below(3)];
+                format!("apiVersion: v1\nkind: Node\nmetadata: {{name: node-1{zone}}}\n")
+            }
+        }
+    }
+
+    #[test]
+    fn random_edit_sequences_leave_the_same_model_as_complete_reads_with_the_same_history() {
+        const OBJECTS: usize = 19;
+        const FILES: usize = 4;
+        const STEPS: usize = 30;
+        for seed in [0x9e37_79b9_7f4a_7c15_u64, 0x0123_4567_89ab_cdef, 0xdead_beef_cafe_f00d] {
+            let mut rng = Rng(seed);
+            let dir = TempDir::new("delta-random");
+            // Definitions by object: (file, text); more than one is a duplicate.
+            let mut defined: Vec<Vec<(usize, String)>> =
+                (0..OBJECTS).map(|id| vec![(rng.below(FILES), random_object(id, &mut rng))]).collect();
+            let render = |defined: &Vec<Vec<(usize, String)>>, file: usize| -> String {
+                let documents: Vec<&str> =
+                    defined.iter().flatten().filter(|(f, _)| *f == file).map(|(_, text)| text.as_str()).collect();
+                documents.join("---\n")
+            };
+            let mut written: Vec<Option<String>> = vec![None; FILES];
+            let sync_files = |defined: &Vec<Vec<(usize, String)>>, written: &mut Vec<Option<String>>| {
+                std::thread::sleep(Duration::from_millis(20));
+                for (file, old) in written.iter_mut().enumerate() {
+                    let text = render(defined, file);
+                    let new = (!text.is_empty()).then_some(text);
+                    if *old != new {
+                        let name = format!("f{file}.yaml");
+                        match &new {
+                            Some(text) => dir.write(&name, text),
+                            None => {
+                                let _ = fs::remove_file(dir.0.join(name));
+                                dir.0.clone()
+                            }
+                        };
+                        *old = new;
+                    }
+                }
+            };
+            sync_files(&defined, &mut written);
+            let mut incremental = feed(&dir);
+            let mut complete = feed(&dir);
+            let mut model = Model::default();
+            let mut expected = Model::default();
+            model.apply(incremental.poll_changes().unwrap_or_default());
+            expected.apply(complete.read_changes().unwrap());
+            assert_eq!(model, expected, "seed {seed:#x}: the first look");
+            for step in 0..STEPS {
+                let id = rng.below(OBJECTS);
+                let what = match rng.below(6) {
+                    0 | 1 => {
+                        let text = random_object(id, &mut rng);
+                        match defined[id].first_mut() {
+                            Some(first) => first.1 = text,
+                            None => defined[id].push((rng.below(FILES), text)),
+                        }
+                        "edited"
+                    }
+                    2 => {
+                        let file = rng.below(FILES);
+                        if let Some(first) = defined[id].first_mut() {
+                            first.0 = file;
+                        }
+                        "moved"
+                    }
+                    3 => {
+                        defined[id].clear();
+                        "removed"
+                    }
+                    4 => {
+                        let definition = (rng.below(FILES), random_object(id, &mut rng));
+                        defined[id].push(definition);
+                        "defined again"
+                    }
+                    _ => {
+                        defined[id].truncate(1);
+                        "left with its first definition"
+                    }
+                };
+                sync_files(&defined, &mut written);
+                model.apply(incremental.poll_changes().unwrap_or_default());
+                expected.apply(complete.read_changes().unwrap());
+                assert_eq!(model, expected, "seed {seed:#x}, step {step}: object {id} {what}");
+            }
         }
     }
 

@@ -181,8 +181,8 @@ impl ManifestsFeed {
             }
             Scan::Changed(changed) => changed,
         };
-        let output = self.delta.apply(changed, &mut self.allocator);
         let store = watcher.store();
+        let output = self.delta.apply(changed, store, &mut self.allocator);
         let mut problems: Vec<String> = store.errors().iter().map(ToString::to_string).collect();
         problems.extend(self.delta.problems(store));
         self.report(problems);

@@ -41,6 +41,10 @@ fn digest(text: &str) -> DocHash {
 /// defines it any more.
 pub(crate) type ObjectChange = (ObjectRef, Option<Arc<Held>>);
 
+/// Where a definition stands in a complete read: file, document, object (see
+/// [`ManifestStore::order_of`]).
+pub(crate) type DefinitionOrder<'a> = (&'a Path, usize, usize);
+
 /// How much reading work the store did so far (for tests and benchmarks).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreCounters {
@@ -319,6 +323,14 @@ impl ManifestStore {
             }
         }
         errors
+    }
+
+    /// Where the winning definition of `object` stands in a complete read: file (in path
+    /// order), document, object. A complete read hands the controller its objects in this
+    /// order, and the allocator settles conflicting requests (two Services asking for the
+    /// same ClusterIP) by it, so an incremental caller must too.
+    pub(crate) fn order_of(&self, object: &ObjectRef) -> Option<DefinitionOrder<'_>> {
+        self.definitions.get(object).and_then(|list| list.first()).map(Definition::order)
     }
 
     /// Where the winning definition of `object` is.
