@@ -6,7 +6,13 @@
 //! cargo bench -p svcplane --bench manifests_blackbox -- --services 10000 --endpoints 10 --repeat 3
 //! ```
 //!
-//! Needs root (a lab: network namespaces it creates and deletes). Measures, each `--repeat`
+//! Needs root (a lab: network namespaces it creates and deletes). The same-run baseline is
+//! the same harness with a small directory (`--baseline-services`, 100 by default, same
+//! endpoints per Service): a feed whose cost follows the change, not the directory, shows
+//! add and remove ratios near 1. Cold also gets its kernel floor: the ruleset the proxy
+//! programmed, dumped and loaded again by `nft -f` into an empty ruleset.
+//!
+//! Measures, each `--repeat`
 //! times: **cold** (process start to the last Service answering, from an empty ruleset),
 //! **add** (a new file with a Service and its Pod written, to that Service answering),
 //! **remove** (a file rewritten without one of the probe Service's two Pods, to that Pod no
@@ -38,17 +44,19 @@ const STREAK: usize = 30;
 #[derive(Debug)]
 struct Args {
     services: usize,
+    baseline_services: usize,
     endpoints: usize,
     repeat: usize,
 }
 
 fn args() -> anyhow::Result<Args> {
-    let mut args = Args { services: 10_000, endpoints: 10, repeat: 3 };
+    let mut args = Args { services: 10_000, baseline_services: 100, endpoints: 10, repeat: 3 };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--services" => args.services = value()?.parse()?,
+            "--baseline-services" => args.baseline_services = value()?.parse()?,
             "--endpoints" => args.endpoints = value()?.parse()?,
             "--repeat" => args.repeat = value()?.parse()?,
             "--bench" => {}
@@ -56,6 +64,7 @@ fn args() -> anyhow::Result<Args> {
         }
     }
     ensure!((2..=60_000).contains(&args.services) && (2..=50).contains(&args.endpoints), "out of range");
+    ensure!((FILES..=args.services).contains(&args.baseline_services), "--baseline-services in {FILES}..=--services");
     ensure!((1..=20).contains(&args.repeat), "--repeat in 1..=20");
     Ok(args)
 }
@@ -173,48 +182,47 @@ fn median(mut samples: Vec<Duration>) -> Duration {
     samples[samples.len() / 2]
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = args()?;
-    if !svcplane_testbed::can_run_real_kernel_tests("manifests_blackbox") {
-        eprintln!("skipped: needs root");
-        return Ok(());
-    }
-    let program = PathBuf::from(env!("CARGO_BIN_EXE_svcplane"));
-    let lab = Lab::builder().nodes(1).pods_per_node(3).build().context("a one-node lab")?;
-    lab.start_echo_in_all_pods(ECHO_PORT, &program)?;
-    let node = lab.node(1).namespace_name().to_owned();
-    let real_pods = [lab.pod("node1-pod1").ip_v4(), lab.pod("node1-pod2").ip_v4()];
-    let added_pod = lab.pod("node1-pod3").ip_v4();
+/// What one size measured.
+struct Measured {
+    services: usize,
+    cold: Vec<Duration>,
+    add: Vec<Duration>,
+    remove: Vec<Duration>,
+    /// `nft -f` of the ruleset the proxy had programmed, into an empty ruleset: the kernel's
+    /// share of a cold start.
+    raw_load: Vec<Duration>,
+    rss_kib: u64,
+    hwm_kib: u64,
+    warnings: Vec<String>,
+}
 
-    let dir = tempfile::tempdir()?;
-    let manifests =
-        Manifests { dir: dir.path().to_path_buf(), services: args.services, endpoints: args.endpoints, real_pods };
-    let mut nodes = String::new();
-    for n in 1..=NODES {
-        writeln!(
-            nodes,
-            "apiVersion: v1\nkind: Node\nmetadata:\n  name: node{n}\nstatus:\n  addresses:\n    - type: InternalIP\n      address: 198.18.0.{}\n---",
-            10 + n
-        )?;
-    }
-    std::fs::write(dir.path().join("nodes.yaml"), nodes)?;
-    for file in 0..FILES {
-        manifests.write_part(file, false)?;
-    }
-    let probe = SocketAddr::new(service_ip(args.services - 1).into(), 80);
-    eprintln!("== {} services x {} endpoints, {}", args.services, args.endpoints, dir.path().display());
+/// The lab, the program and the pods every size shares.
+struct Bench<'a> {
+    lab: &'a Lab,
+    program: PathBuf,
+    node: String,
+    real_pods: [Ipv4Addr; 2],
+    added_pod: Ipv4Addr,
+}
 
-    let start_proxy = || -> anyhow::Result<std::process::Child> {
-        lab.exec_ok(&node, &["nft", "flush", "ruleset"])?;
-        let log = std::fs::File::create(dir.path().join("proxy.log.txt"))?;
-        let child = lab
+impl Bench<'_> {
+    fn flush(&self) -> anyhow::Result<()> {
+        self.lab.exec_ok(&self.node, &["nft", "flush", "ruleset"])?;
+        Ok(())
+    }
+
+    fn start_proxy(&self, dir: &Path) -> anyhow::Result<std::process::Child> {
+        let log = std::fs::File::create(dir.join("proxy.log.txt"))?;
+        let program = self.program.to_str().context("program path")?;
+        let child = self
+            .lab
             .command(
-                &node,
+                &self.node,
                 &[
-                    program.to_str().context("program path")?,
+                    program,
                     "proxy",
                     "--manifests",
-                    dir.path().to_str().context("dir")?,
+                    dir.to_str().context("dir")?,
                     "--service-cidr",
                     "198.19.0.0/16",
                     "--cluster-cidr",
@@ -229,101 +237,184 @@ fn main() -> anyhow::Result<()> {
             .stdout(log)
             .spawn()?;
         Ok(child)
-    };
-    let stop_proxy = |mut child: std::process::Child| {
+    }
+
+    fn stop_proxy(&self, mut child: std::process::Child) {
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).ok();
         let _ = child.wait();
-    };
+    }
 
-    // Cold: from an empty ruleset, process start to the probe Service answering.
-    let mut cold = Vec::new();
-    let mut proxy = None;
-    for k in 0..args.repeat {
-        if let Some(child) = proxy.take() {
-            stop_proxy(child);
+    /// Cold, add and remove for `services` x `endpoints`, `repeat` times each; added
+    /// Services get ClusterIPs `198.19.{added_octet}.k`.
+    fn measure(&self, services: usize, endpoints: usize, repeat: usize, added_octet: u8) -> anyhow::Result<Measured> {
+        let dir = tempfile::tempdir()?;
+        let manifests = Manifests { dir: dir.path().to_path_buf(), services, endpoints, real_pods: self.real_pods };
+        let mut nodes = String::new();
+        for n in 1..=NODES {
+            writeln!(
+                nodes,
+                "apiVersion: v1\nkind: Node\nmetadata:\n  name: node{n}\nstatus:\n  addresses:\n    - type: InternalIP\n      address: 198.18.0.{}\n---",
+                10 + n
+            )?;
         }
-        ensure!(
-            svcplane_testbed::run_in_namespace(&node, || tcp_request(probe, CONNECT_TIMEOUT).is_err())?,
-            "the probe Service answers before the proxy runs"
-        );
-        let started = Instant::now();
-        let child = start_proxy()?;
-        let pid = child.id();
-        proxy = Some(child);
-        let took = probe_until(&node, probe, started, |reply, now| reply.map(|_| now))?;
-        eprintln!("  cold {k}: {} (VmRSS {} MiB)", ms(took), status_kib(pid, "VmRSS:") / 1024);
-        cold.push(took);
-    }
-    let proxy = proxy.context("repeat > 0")?;
-    let pid = proxy.id();
+        std::fs::write(dir.path().join("nodes.yaml"), nodes)?;
+        for file in 0..FILES {
+            manifests.write_part(file, false)?;
+        }
+        let probe = SocketAddr::new(service_ip(services - 1).into(), 80);
+        eprintln!("== {services} services x {endpoints} endpoints, {}", dir.path().display());
+        let node = self.node.as_str();
 
-    // Add: a new file with a Service and its Pod (the third real pod).
-    let mut add = Vec::new();
-    for k in 0..args.repeat {
-        let name = format!("added-{k}");
-        let ip = Ipv4Addr::new(198, 19, 250, k as u8 + 1);
-        let mut text = String::new();
-        service_yaml(&mut text, &name, ip);
-        pod_yaml(&mut text, &format!("{name}-0"), &name, 1, added_pod);
-        let addr = SocketAddr::new(ip.into(), 80);
-        let started = Instant::now();
-        write_atomically(&dir.path().join(format!("{name}.yaml")), &text)?;
-        let took = probe_until(&node, addr, started, |reply, now| reply.map(|_| now))?;
-        eprintln!("  add {k}: {}", ms(took));
-        add.push(took);
-    }
-
-    // Remove: the probe Service's first real Pod leaves its file; then it comes back.
-    let probe_file = FILES - 1;
-    let mut remove = Vec::new();
-    for k in 0..args.repeat {
-        let started = Instant::now();
-        manifests.write_part(probe_file, true)?;
-        let mut streak_start: Option<Duration> = None;
-        let mut streak = 0;
-        let took = probe_until(&node, probe, started, |reply, now| {
-            match reply {
-                Some("node1-pod2") => {
-                    streak += 1;
-                    let begun = *streak_start.get_or_insert(now);
-                    if streak >= STREAK {
-                        return Some(begun);
-                    }
-                }
-                _ => (streak, streak_start) = (0, None),
+        // Cold: from an empty ruleset (the proxy leaves its rules when it stops), process
+        // start to the probe Service answering.
+        let mut cold = Vec::new();
+        let mut proxy = None;
+        for k in 0..repeat {
+            if let Some(child) = proxy.take() {
+                self.stop_proxy(child);
             }
-            None
-        })?;
-        eprintln!("  remove {k}: {}", ms(took));
-        remove.push(took);
-        std::thread::sleep(Duration::from_millis(20));
-        manifests.write_part(probe_file, false)?;
-        probe_until(&node, probe, Instant::now(), |reply, now| (reply == Some("node1-pod1")).then_some(now))
-            .context("the Pod put back is chosen again")?;
+            self.flush()?;
+            ensure!(
+                svcplane_testbed::run_in_namespace(node, || tcp_request(probe, CONNECT_TIMEOUT).is_err())?,
+                "the probe Service answers before the proxy runs"
+            );
+            let started = Instant::now();
+            let child = self.start_proxy(dir.path())?;
+            let pid = child.id();
+            proxy = Some(child);
+            let took = probe_until(node, probe, started, |reply, now| reply.map(|_| now))?;
+            eprintln!("  cold {k}: {} (VmRSS {} MiB)", ms(took), status_kib(pid, "VmRSS:") / 1024);
+            cold.push(took);
+        }
+        let proxy = proxy.context("repeat > 0")?;
+        let pid = proxy.id();
+
+        // Add: a new file with a Service and its Pod (the third real pod).
+        let mut add = Vec::new();
+        for k in 0..repeat {
+            let name = format!("added-{k}");
+            let ip = Ipv4Addr::new(198, 19, added_octet, k as u8 + 1);
+            let mut text = String::new();
+            service_yaml(&mut text, &name, ip);
+            pod_yaml(&mut text, &format!("{name}-0"), &name, 1, self.added_pod);
+            let addr = SocketAddr::new(ip.into(), 80);
+            let started = Instant::now();
+            write_atomically(&dir.path().join(format!("{name}.yaml")), &text)?;
+            let took = probe_until(node, addr, started, |reply, now| reply.map(|_| now))?;
+            eprintln!("  add {k}: {}", ms(took));
+            add.push(took);
+        }
+
+        // Remove: the probe Service's first real Pod leaves its file; then it comes back.
+        let probe_file = FILES - 1;
+        let mut remove = Vec::new();
+        for k in 0..repeat {
+            let started = Instant::now();
+            manifests.write_part(probe_file, true)?;
+            let mut streak_start: Option<Duration> = None;
+            let mut streak = 0;
+            let took = probe_until(node, probe, started, |reply, now| {
+                match reply {
+                    Some("node1-pod2") => {
+                        streak += 1;
+                        let begun = *streak_start.get_or_insert(now);
+                        if streak >= STREAK {
+                            return Some(begun);
+                        }
+                    }
+                    _ => (streak, streak_start) = (0, None),
+                }
+                None
+            })?;
+            eprintln!("  remove {k}: {}", ms(took));
+            remove.push(took);
+            std::thread::sleep(Duration::from_millis(20));
+            manifests.write_part(probe_file, false)?;
+            probe_until(node, probe, Instant::now(), |reply, now| (reply == Some("node1-pod1")).then_some(now))
+                .context("the Pod put back is chosen again")?;
+        }
+
+        let (rss_kib, hwm_kib) = (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"));
+        let ruleset = self.lab.exec_ok(node, &["nft", "list", "ruleset"])?;
+        self.stop_proxy(proxy);
+
+        // The kernel's share: the same ruleset loaded by `nft -f` into an empty ruleset.
+        let ruleset_file = dir.path().join("ruleset.nft");
+        std::fs::write(&ruleset_file, &ruleset)?;
+        let mut raw_load = Vec::new();
+        for _ in 0..repeat {
+            self.flush()?;
+            let started = Instant::now();
+            self.lab.exec_ok(node, &["nft", "-f", ruleset_file.to_str().context("ruleset path")?])?;
+            raw_load.push(started.elapsed());
+        }
+        self.flush()?;
+
+        let log = std::fs::read_to_string(dir.path().join("proxy.log.txt")).unwrap_or_default();
+        let warnings = log.lines().filter(|line| line.contains(" WARN ")).map(str::to_owned).collect();
+        Ok(Measured { services, cold, add, remove, raw_load, rss_kib, hwm_kib, warnings })
     }
+}
 
-    let (rss, hwm) = (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"));
-    stop_proxy(proxy);
-    let log = std::fs::read_to_string(dir.path().join("proxy.log.txt")).unwrap_or_default();
-    let warnings = log.lines().filter(|line| line.contains(" WARN ")).count();
+fn main() -> anyhow::Result<()> {
+    let args = args()?;
+    if !svcplane_testbed::can_run_real_kernel_tests("manifests_blackbox") {
+        eprintln!("skipped: needs root");
+        return Ok(());
+    }
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_svcplane"));
+    let lab = Lab::builder().nodes(1).pods_per_node(3).build().context("a one-node lab")?;
+    lab.start_echo_in_all_pods(ECHO_PORT, &program)?;
+    let bench = Bench {
+        lab: &lab,
+        program,
+        node: lab.node(1).namespace_name().to_owned(),
+        real_pods: [lab.pod("node1-pod1").ip_v4(), lab.pod("node1-pod2").ip_v4()],
+        added_pod: lab.pod("node1-pod3").ip_v4(),
+    };
+    // The same-run baseline: the same measures with a directory of `--baseline-services`.
+    let baseline = bench.measure(args.baseline_services, args.endpoints, args.repeat, 251)?;
+    let measured = bench.measure(args.services, args.endpoints, args.repeat, 250)?;
 
-    println!("| measure ({} x {}) | median | min | runs |", args.services, args.endpoints);
-    println!("| --- | ---: | ---: | ---: |");
-    for (what, samples) in [
-        ("cold: process start -> a Service answering", cold),
-        ("add: new Service+Pod file written -> answering", add),
-        ("remove: Pod gone from its file -> no longer chosen", remove),
+    println!(
+        "| measure (x {} endpoints) | {} Services: median | min | {} Services (baseline): median | ratio of medians | runs |",
+        args.endpoints, measured.services, baseline.services
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    for (what, samples, base) in [
+        ("cold: process start -> a Service answering", &measured.cold, &baseline.cold),
+        ("of which the kernel: `nft -f` of the same ruleset", &measured.raw_load, &baseline.raw_load),
+        ("add: new Service+Pod file written -> answering", &measured.add, &baseline.add),
+        ("remove: Pod gone from its file -> no longer chosen", &measured.remove, &baseline.remove),
     ] {
         let min = *samples.iter().min().context("samples")?;
-        println!("| {what} | {} | {} | {} |", ms(median(samples.clone())), ms(min), samples.len());
-    }
-    println!("| VmRSS at the end / VmHWM | {} MiB / {} MiB | | |", rss / 1024, hwm / 1024);
-    if warnings > 0 {
-        eprintln!(
-            "the proxy logged {warnings} warnings; see its log:\n{}",
-            log.lines().take(20).collect::<Vec<_>>().join("\n")
+        let (m, b) = (median(samples.clone()), median(base.clone()));
+        println!(
+            "| {what} | {} | {} | {} | {:.2} | {} |",
+            ms(m),
+            ms(min),
+            ms(b),
+            m.as_secs_f64() / b.as_secs_f64().max(1e-6),
+            samples.len()
         );
+    }
+    println!(
+        "| proxy VmRSS at the end / VmHWM | {} MiB / {} MiB | | {} MiB / {} MiB | | |",
+        measured.rss_kib / 1024,
+        measured.hwm_kib / 1024,
+        baseline.rss_kib / 1024,
+        baseline.hwm_kib / 1024
+    );
+    for run in [&baseline, &measured] {
+        if !run.warnings.is_empty() {
+            eprintln!(
+                "the proxy at {} Services logged {} warnings:\n{}",
+                run.services,
+                run.warnings.len(),
+                run.warnings.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+            );
+        }
     }
     Ok(())
 }
