@@ -17,7 +17,8 @@
 //! **add** (a new file with a Service and its Pod written, to that Service answering),
 //! **remove** (a file rewritten without one of the probe Service's two Pods, to that Pod no
 //! longer chosen: the start of a run of 30 connects that all reach the other one), and the
-//! proxy's VmRSS / VmHWM at the end. Probes are bounded (20 ms connect timeout, 30 s per
+//! proxy's VmRSS / VmHWM at the end. Each add and remove waits 1.2 s first (the default
+//! minimum time between syncs is 1 s), so it measures an isolated change. Probes are bounded (20 ms connect timeout, 30 s per
 //! measure); all addresses are the lab's (198.18.0.0/15).
 //!
 //! Inputs, deterministic: 100 part files plus `nodes.yaml`; Service `svc-i` has clusterIP
@@ -40,6 +41,10 @@ const ECHO_PORT: u16 = 8080;
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(20);
 const MEASURE_LIMIT: Duration = Duration::from_secs(30);
 const STREAK: usize = 30;
+/// The pause before each add and remove: longer than the proxy's default minimum time
+/// between two syncs (1 s, kube-proxy's `minSyncPeriod`), so that each measures an isolated
+/// change, not the wait for the rate limit after the previous one.
+const SETTLE: Duration = Duration::from_millis(1200);
 
 #[derive(Debug)]
 struct Args {
@@ -299,6 +304,7 @@ impl Bench<'_> {
             service_yaml(&mut text, &name, ip);
             pod_yaml(&mut text, &format!("{name}-0"), &name, 1, self.added_pod);
             let addr = SocketAddr::new(ip.into(), 80);
+            std::thread::sleep(SETTLE);
             let started = Instant::now();
             write_atomically(&dir.path().join(format!("{name}.yaml")), &text)?;
             let took = probe_until(node, addr, started, |reply, now| reply.map(|_| now))?;
@@ -310,6 +316,7 @@ impl Bench<'_> {
         let probe_file = FILES - 1;
         let mut remove = Vec::new();
         for k in 0..repeat {
+            std::thread::sleep(SETTLE);
             let started = Instant::now();
             manifests.write_part(probe_file, true)?;
             let mut streak_start: Option<Duration> = None;
