@@ -22,7 +22,9 @@ use svcplane_backend_nftables::{NftablesBackend, render_full};
 use svcplane_controller::{Allocator, AllocatorConfig, NodePortRange, reconcile};
 use svcplane_core::{Change, ClusterState, IpFamily, NodeConfig, NodePlan, PlanDiff};
 use svcplane_nft::{NftCli, NftNetlink};
-use svcplane_source::{DirectoryWatcher, Loaded, SnapshotDiffer, convert_objects, load_directory};
+use svcplane_source::{
+    DirectoryWatcher, Loaded, ManifestsFeed, ManifestsSettings, SnapshotDiffer, convert_objects, load_directory,
+};
 
 const NODES: usize = 10;
 const FILES: usize = 100;
@@ -108,7 +110,7 @@ impl Manifests {
         }
         std::fs::write(manifests.dir.join("nodes.yaml"), nodes)?;
         for file in 0..manifests.files() {
-            manifests.write_file(file, None)?;
+            manifests.write_file(file, &[])?;
         }
         Ok(manifests)
     }
@@ -125,8 +127,8 @@ impl Manifests {
         file * self.services / self.files()..(file + 1) * self.services / self.files()
     }
 
-    /// Writes one part file; `moved` gives endpoint 0 of one service another address.
-    fn write_file(&self, file: usize, moved: Option<(usize, Ipv4Addr)>) -> anyhow::Result<()> {
+    /// Writes one part file; each of `moved` gives endpoint 0 of one service another address.
+    fn write_file(&self, file: usize, moved: &[(usize, Ipv4Addr)]) -> anyhow::Result<()> {
         let mut text = String::new();
         for s in self.range(file) {
             writeln!(
@@ -135,8 +137,8 @@ impl Manifests {
                 service_ip(s)
             )?;
             for e in 0..self.endpoints {
-                let ip = match moved {
-                    Some((service, ip)) if service == s && e == 0 => ip,
+                let ip = match moved.iter().rev().find(|(service, _)| *service == s) {
+                    Some(&(_, ip)) if e == 0 => ip,
                     _ => pod_ip(s, e, self.endpoints),
                 };
                 let node = (s * self.endpoints + e) % NODES + 1;
@@ -680,13 +682,15 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
     // h. the same through the manifests: rewrite one Pod's file, poll, reconcile, convert, diff, plan, sync.
     let mut watcher = DirectoryWatcher::new(&manifests.dir);
     watcher.poll().context("first poll")?;
+    let mut file_moves: Vec<(usize, Ipv4Addr)> = Vec::new();
     let mut samples = Vec::new();
     let mut parts: [Vec<Duration>; 4] = Default::default();
     for k in 0..repeat {
         // Services not touched by (g), so the differ and the state agree about them.
         let service = ((k * size / repeat + size / (2 * repeat)) | 1).min(size - 1);
         let address = Ipv4Addr::new(198, 18, 96, k as u8 + 1);
-        manifests.write_file(manifests.file_of(service), Some((service, address)))?;
+        file_moves.push((service, address));
+        manifests.write_file(manifests.file_of(service), &file_moves)?;
         moved_to.push(address);
         let started = Instant::now();
         let loaded = watcher.poll().context("the rewrite was not noticed")?;
@@ -728,6 +732,80 @@ fn run_size(args: &Args, size: usize) -> anyhow::Result<Report> {
             medians[0], medians[1], medians[2], medians[3]
         ),
     );
+
+    // i. the same through the proxy's incremental manifests feed (`ManifestsFeed::poll_changes`:
+    // changed files read, changed documents parsed, only the touched Services allocated,
+    // planned and converted), then plan.update and a partial sync. Its first look is the
+    // cold read of the whole directory.
+    let mut feed = ManifestsFeed::new(ManifestsSettings {
+        dir: manifests.dir.clone(),
+        allocator: allocator.config().clone(),
+        allocations_file: None,
+        saves_allocations: false,
+    })?;
+    let rss_before = status_mib("VmRSS:");
+    let (took, first) = time(|| feed.poll_changes());
+    let first = first.context("the feed's first look gave nothing")?;
+    let rss_after = status_mib("VmRSS:");
+    report.row(
+        "cold read via the incremental feed (first poll_changes)",
+        vec![took],
+        format!(
+            "{} changes, {} Services; RSS +{:.0} MiB for the feed's state",
+            first.len(),
+            feed.services_touched(),
+            rss_after - rss_before
+        ),
+    );
+    drop(first);
+    let mut samples = Vec::new();
+    let mut feed_samples = Vec::new();
+    let mut sync_samples = Vec::new();
+    let mut reads = (0, 0);
+    for k in 0..repeat {
+        let service = (((k * size / repeat + size / (2 * repeat)) | 1) + 2).min(size - 1);
+        let address = Ipv4Addr::new(198, 18, 97, k as u8 + 1);
+        file_moves.push((service, address));
+        manifests.write_file(manifests.file_of(service), &file_moves)?;
+        moved_to.push(address);
+        let counters = feed.counters();
+        let started = Instant::now();
+        let changes = feed.poll_changes().context("the feed did not notice the rewrite")?;
+        let t_feed = started.elapsed();
+        ensure!(changes.len() == 1, "expected one change from the feed, got {}", changes.len());
+        for change in changes {
+            state.apply(change);
+        }
+        let changes = state.take_changes();
+        let changed = plan.update(&state, &changes);
+        let sync = backend.sync(&plan, &changed)?;
+        let total = started.elapsed();
+        ensure!(!sync.full && sync.service_ports == 1, "expected a partial sync of one service port: {sync:?}");
+        let after = feed.counters();
+        reads = (after.files_read - counters.files_read, after.documents_parsed - counters.documents_parsed);
+        samples.push(total);
+        feed_samples.push(t_feed);
+        sync_samples.push(total - t_feed);
+    }
+    let feed_median = Stats::of(feed_samples.clone()).median;
+    report.row(
+        "**one endpoint change via manifests, incremental feed** (file written -> kernel)",
+        samples,
+        format!(
+            "feed {} ({} file read, {} document parsed, {} Service planned) + plan/sync {}",
+            ms(feed_median),
+            reads.0,
+            reads.1,
+            feed.services_touched(),
+            ms(Stats::of(sync_samples).median)
+        ),
+    );
+    report.row(
+        "of which our own work in the feed",
+        feed_samples,
+        "poll_changes alone: scan, read, parse, controller, convert, diff",
+    );
+    report.ratio(format!("one Pod edit, feed's own work / target 20 ms ({size})"), ratio(feed_median, TARGET_CHANGE));
 
     // The changes reached the kernel (outside every timing: listing is slow).
     let listed = nft_list(&netns, &["list", "ruleset"])?;

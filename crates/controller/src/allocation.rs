@@ -335,6 +335,92 @@ impl Allocator {
         AllocationOutcome { services, changed }
     }
 
+    /// Settles the allocations of `changed` Services only (new or edited) and releases
+    /// those of `removed` ones; every other Service keeps what it holds, untouched (its
+    /// held cluster IPs and node ports are claimed first, so a changed Service can neither
+    /// take them nor be given them). Costs the changed Services plus one pass over what is
+    /// held, instead of a full [`allocate`](Self::allocate).
+    ///
+    /// Differences from a full pass: an unchanged Service's node ports block their number
+    /// for every protocol (the record does not say which protocol held them), and an
+    /// unchanged Service that was refused is not looked at again (pass it in `changed` to
+    /// retry it).
+    pub fn allocate_changed(&mut self, changed: &[Service], removed: &[ObjectKey]) -> AllocationOutcome {
+        let placeholder = Service::default();
+        let mut demands: Vec<Demand<'_>> = changed.iter().map(|service| self.demand(service)).collect();
+        let mut seen = HashSet::with_capacity(demands.len() + removed.len());
+        for demand in &mut demands {
+            if demand.passthrough || demand.key.name.is_empty() {
+                continue;
+            }
+            if !seen.insert(demand.key.clone()) {
+                demand.duplicate = true;
+                demand.reject("metadata.name", Reason::DuplicateObject);
+            }
+        }
+        let settled = demands.len();
+        let mut claims = Claims::default();
+        for (key, held) in &self.held {
+            if seen.contains(key) || removed.contains(key) {
+                continue;
+            }
+            let d = demands.len();
+            let mut pinned = Demand::new(&placeholder, key.clone());
+            pinned.passthrough = true;
+            demands.push(pinned);
+            for &ip in &held.cluster_ips {
+                claims.ips.entry(ip).or_insert(d);
+            }
+            for &port in held.node_ports.values().chain(&held.health_check_node_port) {
+                for protocol in Protocol::ALL {
+                    claims.ports.entry((port, protocol)).or_insert(d);
+                }
+                claims.port_users.entry(port).or_insert(d);
+            }
+        }
+        let mut by_key: Vec<usize> = (0..settled).collect();
+        by_key.sort_by(|&a, &b| demands[a].key.cmp(&demands[b].key));
+        for &d in &by_key {
+            self.claim_held(&mut demands, d, &mut claims);
+        }
+        for &d in &by_key {
+            self.reserve_held_of_invalid(&demands, d, &mut claims);
+        }
+        for d in 0..settled {
+            claim_explicit(&mut demands, d, &mut claims);
+        }
+        for &d in &by_key {
+            self.claim_dynamic(&mut demands, d, &mut claims);
+        }
+
+        let mut changed_any = false;
+        for key in removed {
+            changed_any |= self.held.remove(key).is_some();
+        }
+        let mut updates = Vec::new();
+        for (d, demand) in demands[..settled].iter().enumerate() {
+            if demand.passthrough || demand.duplicate || demand.key.name.is_empty() {
+                if !demand.duplicate && !demand.key.name.is_empty() {
+                    updates.push((demand.key.clone(), ServiceAllocation::default()));
+                }
+                continue;
+            }
+            let allocation = if demand.invalid { self.still_reserved(demand, d, &claims) } else { demand.allocation() };
+            updates.push((demand.key.clone(), allocation));
+        }
+        for (key, allocation) in updates {
+            let old =
+                if allocation.is_empty() { self.held.remove(&key) } else { self.held.insert(key, allocation.clone()) };
+            changed_any |= old.unwrap_or_default() != allocation;
+        }
+        let services = demands
+            .into_iter()
+            .take(settled)
+            .map(|demand| if demand.errors.is_empty() { Ok(demand.filled_service()) } else { Err(demand.errors) })
+            .collect();
+        AllocationOutcome { services, changed: changed_any }
+    }
+
     fn pool(&self, family: IpFamily) -> Option<(usize, &IpPool)> {
         self.pools.iter().enumerate().find(|(_, pool)| pool.family == family)
     }

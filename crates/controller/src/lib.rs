@@ -50,8 +50,8 @@ pub use error::{ConfigError, ControllerError, Reason, RecordError};
 pub use ip_family::IpFamily;
 pub use load_balancer::{LbAllocator, LbAssignment, LbOutcome, LbProblem, LbReason, Pool, PoolError, PoolUse};
 pub use object_key::ObjectKey;
-pub use reconcile::{ClusterObjects, Reconciled, reconcile};
+pub use reconcile::{ClusterObjects, Reconciled, assign_load_balancers, is_managed_by_us, reconcile};
 pub use slices::{
     LABEL_HEADLESS, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY, MAX_ENDPOINTS_PER_SLICE, PodIndex, SlicePlanner,
-    plan_slices,
+    plan_slices, plan_slices_from,
 };

@@ -57,7 +57,7 @@ pub fn reconcile(input: &ClusterObjects, allocator: &mut Allocator) -> Reconcile
             Err(errors) => reconciled.errors.extend(errors),
         }
     }
-    reconciled.slices.extend(input.slices.iter().filter(|slice| !is_ours(slice)).cloned());
+    reconciled.slices.extend(input.slices.iter().filter(|slice| !is_managed_by_us(slice)).cloned());
     if !input.pools.is_empty() {
         reconciled.load_balancer_problems =
             assign_in_place(&input.pools, &mut reconciled.services, &mut allocator.load_balancer);
@@ -68,7 +68,21 @@ pub fn reconcile(input: &ClusterObjects, allocator: &mut Allocator) -> Reconcile
     reconciled
 }
 
-fn is_ours(slice: &EndpointSlice) -> bool {
+/// The LoadBalancer step of [`reconcile`] alone, for a caller that allocates Services
+/// itself (the incremental manifests feed): addresses from `pools` into each served
+/// Service's `status.loadBalancer.ingress`, kept stable by `allocator`; one message per
+/// problem.
+pub fn assign_load_balancers(
+    pools: &[LoadBalancerIPPool],
+    services: &mut [Service],
+    allocator: &mut Allocator,
+) -> Vec<String> {
+    assign_in_place(pools, services, &mut allocator.load_balancer)
+}
+
+/// Whether an EndpointSlice carries our [`MANAGED_BY`] label (output of an earlier run
+/// written back into the directory: [`reconcile`] drops those).
+pub fn is_managed_by_us(slice: &EndpointSlice) -> bool {
     slice
         .metadata
         .labels

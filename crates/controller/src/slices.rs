@@ -75,6 +75,28 @@ pub fn plan_slices(
     Ok(target.slices(&selected, &zones))
 }
 
+/// The same as [`plan_slices`] over Pods the caller already narrowed down (for an
+/// incremental controller that indexes Pods itself): of `candidates`, those in the
+/// Service's namespace that can be endpoints and carry every selector label are used.
+pub fn plan_slices_from(
+    service: &Service,
+    candidates: &[&Pod],
+    nodes: &[Node],
+) -> Result<Vec<EndpointSlice>, ControllerError> {
+    let Some(target) = Target::of(service)? else { return Ok(Vec::new()) };
+    let zones = Zones::new(nodes);
+    let selected: Vec<&Pod> = candidates
+        .iter()
+        .copied()
+        .filter(|pod| {
+            namespace_of(&pod.metadata) == target.key.namespace
+                && is_endpoint_candidate(pod)
+                && has_labels(pod, target.selector)
+        })
+        .collect();
+    Ok(target.slices(&selected, &zones))
+}
+
 /// Plans the slices of many Services over one set of Pods, through a [`PodIndex`].
 #[derive(Debug)]
 pub struct SlicePlanner<'a> {

@@ -5,7 +5,7 @@
 //! previous snapshot by name and reports additions, changes and removals. The cost is
 //! linear in the number of objects; only changed objects are cloned.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 
 use svcplane_core::model::{EndpointSlice, NamespacedName, Node, Service};
@@ -68,6 +68,23 @@ impl SnapshotDiffer {
         changes
     }
 
+    /// Takes a part of the next snapshot (what an incremental reader knows changed) and
+    /// returns the changes it makes: upserts of objects that differ from what is known,
+    /// deletes of known objects. Objects not named keep their state. The order is that of
+    /// [`Self::diff`]; a name both upserted and deleted is upserted.
+    pub fn apply(&mut self, partial: PartialSnapshot) -> Vec<Change> {
+        let PartialSnapshot { services, deleted_services, slices, deleted_slices, nodes, deleted_nodes } = partial;
+        let mut changes = Vec::new();
+        let upserted_nodes = upsert_kind(&mut self.nodes, nodes, |n| &n.name, Change::NodeUpserted, &mut changes);
+        delete_kind(&mut self.nodes, deleted_nodes, &upserted_nodes, Change::NodeDeleted, &mut changes);
+        let upserted_services =
+            upsert_kind(&mut self.services, services, |s| &s.name, Change::ServiceUpserted, &mut changes);
+        let upserted_slices = upsert_kind(&mut self.slices, slices, |s| &s.name, Change::SliceUpserted, &mut changes);
+        delete_kind(&mut self.slices, deleted_slices, &upserted_slices, Change::SliceDeleted, &mut changes);
+        delete_kind(&mut self.services, deleted_services, &upserted_services, Change::ServiceDeleted, &mut changes);
+        changes
+    }
+
     /// Forgets the previous snapshot: the next [`Self::diff`] reports everything as upserted
     /// (for a consumer that starts from scratch).
     pub fn reset(&mut self) {
@@ -81,6 +98,72 @@ impl SnapshotDiffer {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Part of a snapshot for [`SnapshotDiffer::apply`]: objects to upsert and names to delete.
+#[derive(Debug, Clone, Default)]
+pub struct PartialSnapshot {
+    pub services: Vec<Service>,
+    pub deleted_services: Vec<NamespacedName>,
+    pub slices: Vec<EndpointSlice>,
+    pub deleted_slices: Vec<NamespacedName>,
+    pub nodes: Vec<Node>,
+    pub deleted_nodes: Vec<String>,
+}
+
+impl PartialSnapshot {
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty()
+            && self.deleted_services.is_empty()
+            && self.slices.is_empty()
+            && self.deleted_slices.is_empty()
+            && self.nodes.is_empty()
+            && self.deleted_nodes.is_empty()
+    }
+}
+
+/// Upserts the objects that differ from the known ones; returns every name seen.
+fn upsert_kind<K, V>(
+    known: &mut HashMap<K, V>,
+    incoming: Vec<V>,
+    key: fn(&V) -> &K,
+    upserted: impl Fn(V) -> Change,
+    changes: &mut Vec<Change>,
+) -> HashSet<K>
+where
+    K: Hash + Eq + Clone,
+    V: Clone + PartialEq,
+{
+    let mut seen = HashSet::with_capacity(incoming.len());
+    for object in incoming {
+        if !seen.insert(key(&object).clone()) {
+            continue;
+        }
+        if known.get(key(&object)) != Some(&object) {
+            changes.push(upserted(object.clone()));
+            known.insert(key(&object).clone(), object);
+        }
+    }
+    seen
+}
+
+/// Deletes the known names among `names` (sorted) that were not just upserted.
+fn delete_kind<K, V>(
+    known: &mut HashMap<K, V>,
+    mut names: Vec<K>,
+    upserted: &HashSet<K>,
+    deleted: impl Fn(K) -> Change,
+    changes: &mut Vec<Change>,
+) where
+    K: Hash + Eq + Ord,
+{
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        if !upserted.contains(&name) && known.remove(&name).is_some() {
+            changes.push(deleted(name));
+        }
     }
 }
 

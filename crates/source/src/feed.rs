@@ -1,6 +1,8 @@
-//! The manifests directory as a feed: every complete read of the directory goes through the
-//! controller (allocation, EndpointSlices from Pods) and comes out either as the changes it
-//! makes to the core's model (for the proxy) or as the discovery view (for cluster DNS).
+//! The manifests directory as a feed, through the controller (allocation, EndpointSlices
+//! from Pods): for the proxy, incrementally ([`ManifestsFeed::poll_changes`]: an edit costs
+//! the files, documents and Services it touches, see `delta`), out as the changes it makes
+//! to the core's model; for cluster DNS and `render`, complete reads of the directory, out
+//! as the discovery view or the complete state.
 //!
 //! A read whose directory could not be listed at all changes nothing: the last state stays,
 //! so a directory that disappears never empties the node's rules or the zone. Problems are
@@ -8,19 +10,25 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use svcplane_controller::{AllocationRecord, Allocator, AllocatorConfig, ConfigError, Reconciled, RecordError};
 use svcplane_core::Change;
 use svcplane_core::discovery::ClusterView;
 use tracing::{debug, warn};
 
+use crate::delta::DeltaState;
 use crate::diff::SnapshotDiffer;
 use crate::dns_view::dns_view;
 use crate::manifests::{ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, load_directory};
-use crate::watch::{DEFAULT_POLL_INTERVAL, DirectoryWatcher};
+use crate::store::StoreCounters;
+use crate::watch::{DEFAULT_POLL_INTERVAL, DirectoryWatcher, Scan, sleep_unless_stopped};
+
+/// The shortest pause between two looks at the directory by [`ManifestsFeed::spawn_changes`].
+const FAST_POLL_INTERVAL: Duration = Duration::from_millis(50);
 use crate::{FieldError, convert_objects};
 
 /// Why a manifests feed could not start.
@@ -58,12 +66,16 @@ pub struct ManifestsSettings {
     pub saves_allocations: bool,
 }
 
-/// Turns complete reads of a manifests directory into changes or discovery views.
+/// Turns reads of a manifests directory into changes or discovery views.
 #[derive(Debug)]
 pub struct ManifestsFeed {
     settings: ManifestsSettings,
     allocator: Allocator,
     differ: SnapshotDiffer,
+    /// For [`Self::poll_changes`]: the directory file by file, and the controller state.
+    watcher: Option<DirectoryWatcher>,
+    delta: DeltaState,
+    last_touched: usize,
     /// The problems last reported, so an unchanged broken file is not reported on every read.
     reported: Vec<String>,
     warned_unlisted: bool,
@@ -81,7 +93,16 @@ impl ManifestsFeed {
                 .map_err(|source| FeedError::ParseRecord { path: path.clone(), source })?;
             allocator.restore(&record);
         }
-        Ok(Self { settings, allocator, differ: SnapshotDiffer::new(), reported: Vec::new(), warned_unlisted: false })
+        Ok(Self {
+            settings,
+            allocator,
+            differ: SnapshotDiffer::new(),
+            watcher: None,
+            delta: DeltaState::default(),
+            last_touched: 0,
+            reported: Vec::new(),
+            warned_unlisted: false,
+        })
     }
 
     /// A feed for a directory that must exist now (the proxy and `render`).
@@ -143,19 +164,81 @@ impl ManifestsFeed {
         Some(view.view)
     }
 
-    /// Watches the directory on threads of their own; every read's changes go to `sender`
-    /// (the first read always, later ones when they change something) until `stop` is set.
+    /// Looks at the directory once and returns the changes to the model since the last
+    /// look: the complete state the first time (even when empty), then only what changed
+    /// (`None` when nothing did, or when the directory cannot be listed: the last state
+    /// stays). Costs what changed: changed files are read, changed documents parsed, and
+    /// only the Services the changed objects touch are allocated, planned and converted.
+    pub fn poll_changes(&mut self) -> Option<Vec<Change>> {
+        let dir = &self.settings.dir;
+        let watcher = self.watcher.get_or_insert_with(|| DirectoryWatcher::new(dir.clone()));
+        let changed = match watcher.scan(false)? {
+            Scan::Unlisted(errors) => {
+                for error in &errors {
+                    warn!("{error}; the last state read stays");
+                }
+                return None;
+            }
+            Scan::Changed(changed) => changed,
+        };
+        let store = watcher.store();
+        let output = self.delta.apply(changed, store, &mut self.allocator);
+        let mut problems: Vec<String> = store.errors().iter().map(ToString::to_string).collect();
+        problems.extend(self.delta.problems(store));
+        self.report(problems);
+        if output.allocations_changed && self.settings.saves_allocations {
+            self.save_allocations();
+        }
+        self.last_touched = output.services_touched;
+        let changes = self.differ.apply(output.partial);
+        debug!(changes = changes.len(), services = self.last_touched, "manifests changed");
+        Some(changes)
+    }
+
+    /// Files read and documents parsed by [`Self::poll_changes`] so far.
+    pub fn counters(&self) -> StoreCounters {
+        self.watcher.as_ref().map(DirectoryWatcher::counters).unwrap_or_default()
+    }
+
+    /// The manifest problems [`Self::poll_changes`] knows of now (for tests).
+    #[cfg(test)]
+    pub(crate) fn store_errors(&self) -> Vec<String> {
+        self.watcher.as_ref().map(|w| w.store().errors().iter().map(ToString::to_string).collect()).unwrap_or_default()
+    }
+
+    /// How many Services the last [`Self::poll_changes`] allocated, planned and converted.
+    pub fn services_touched(&self) -> usize {
+        self.last_touched
+    }
+
+    /// Watches the directory on a thread of its own ([`Self::poll_changes`] in a loop); the
+    /// first state and then every change go to `sender` until `stop` is set. The directory
+    /// is looked at every 50 ms, or less often when one look takes longer than 2.5 ms (at
+    /// most every [`DEFAULT_POLL_INTERVAL`] x 5), so that polling stays under 5% of a core.
     pub fn spawn_changes(
-        self,
+        mut self,
         sender: Sender<Vec<Change>>,
         stop: Arc<AtomicBool>,
     ) -> Result<JoinHandle<()>, FeedError> {
-        let mut first = true;
-        self.spawn(stop, move |feed, loaded| match feed.changes(loaded) {
-            // The first readable read is sent even when empty: it says the state is known.
-            Some(changes) if !changes.is_empty() || std::mem::take(&mut first) => sender.send(changes).is_ok(),
-            _ => true,
-        })
+        std::thread::Builder::new()
+            .name("manifests-feed".to_owned())
+            .spawn(move || {
+                let mut first = true;
+                while !stop.load(Ordering::Acquire) {
+                    let started = Instant::now();
+                    // The first state is sent even when empty: it says the state is known.
+                    if let Some(changes) = self.poll_changes()
+                        && (!changes.is_empty() || std::mem::take(&mut first))
+                        && sender.send(changes).is_err()
+                    {
+                        stop.store(true, Ordering::Release);
+                        break;
+                    }
+                    let interval = (started.elapsed() * 20).clamp(FAST_POLL_INTERVAL, DEFAULT_POLL_INTERVAL * 5);
+                    sleep_unless_stopped(interval, &stop);
+                }
+            })
+            .map_err(FeedError::Spawn)
     }
 
     /// Watches the directory; every readable read's discovery view goes to `sender`.
@@ -188,7 +271,7 @@ impl ManifestsFeed {
                     // Reads may queue up while one is handled: each is complete, the newest wins.
                     let newest = read.try_iter().last().unwrap_or(first);
                     if !handle(&mut self, newest) {
-                        stop.store(true, std::sync::atomic::Ordering::Release);
+                        stop.store(true, Ordering::Release);
                         break;
                     }
                 }

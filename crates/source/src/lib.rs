@@ -2,13 +2,16 @@
 //! conversion of Kubernetes objects into the core's model that every feed shares (the API
 //! feed in `svcplane-kube` uses it too).
 //!
-//! - [`feed`] is the manifests feed: complete reads of the directory, through the controller,
-//!   out as [`svcplane_core::Change`]s for the proxy or discovery views for cluster DNS.
+//! - [`feed`] is the manifests feed: for the proxy, each edit's changed objects go through
+//!   the controller step for just the Services they touch and out as the
+//!   [`svcplane_core::Change`]s they make; for cluster DNS, complete discovery views.
 //! - [`manifests`] loads every `*.yaml`, `*.yml` and `*.json` file of a directory into
 //!   k8s-openapi objects ([`ClusterObjects`]), remembering which file each came from and
 //!   reporting every broken document without dropping the rest; [`parse_manifest_text`]
 //!   parses one file's text the same way (the fuzz target and tests use it).
-//! - [`watch`] notices edits, additions and deletions in that directory and reloads.
+//! - [`watch`] notices edits, additions and deletions in that directory; `store` keeps
+//!   the directory file by file and document by document, so an edit re-parses only the
+//!   documents whose text changed and yields only the objects that changed.
 //! - [`convert`] validates Services, EndpointSlices and Nodes and converts them into
 //!   [`svcplane_core`] values; errors name the file, the object and the field.
 //! - [`diff`] turns successive full snapshots into the minimal [`svcplane_core::Change`]s.
@@ -21,21 +24,25 @@
 //! runtime either: the watcher is a polling thread.
 
 pub mod convert;
+mod delta;
 pub mod diff;
 pub mod dns_view;
 pub mod feed;
+mod held;
 pub mod manifests;
+mod store;
 pub mod watch;
 
 pub use convert::{
     Converted, FieldError, Problem, convert_objects, new_slice_address_errors, node_to_core, service_to_core,
     slice_to_core,
 };
-pub use diff::SnapshotDiffer;
+pub use diff::{PartialSnapshot, SnapshotDiffer};
 pub use dns_view::{DnsServicePart, DnsSlicePart, DnsView, assemble_view, dns_view, service_to_dns};
 pub use feed::{FeedError, ManifestsFeed, ManifestsSettings};
 pub use manifests::{
     ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, Position, load_directory,
     parse_manifest_text,
 };
+pub use store::StoreCounters;
 pub use watch::{DEFAULT_POLL_INTERVAL, DirectoryWatcher};

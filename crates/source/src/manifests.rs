@@ -427,12 +427,12 @@ pub(crate) struct FileContents {
 /// One object read from a file, with where it was.
 #[derive(Debug, Clone)]
 pub(crate) struct ParsedObject {
-    object: AnyObject,
-    position: Position,
+    pub(crate) object: AnyObject,
+    pub(crate) position: Position,
 }
 
-#[derive(Debug, Clone)]
-enum AnyObject {
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum AnyObject {
     // Boxed: the k8s-openapi structs are kilobytes each, and of very different sizes.
     Service(Box<Service>),
     Pod(Box<Pod>),
@@ -442,7 +442,7 @@ enum AnyObject {
 }
 
 impl AnyObject {
-    fn kind(&self) -> ObjectKind {
+    pub(crate) fn kind(&self) -> ObjectKind {
         match self {
             AnyObject::Service(_) => ObjectKind::Service,
             AnyObject::Pod(_) => ObjectKind::Pod,
@@ -452,7 +452,7 @@ impl AnyObject {
         }
     }
 
-    fn metadata(&self) -> &ObjectMeta {
+    pub(crate) fn metadata(&self) -> &ObjectMeta {
         match self {
             AnyObject::Service(o) => &o.metadata,
             AnyObject::Pod(o) => &o.metadata,
@@ -472,7 +472,23 @@ impl AnyObject {
         }
     }
 
-    fn reference(&self) -> ObjectRef {
+    pub(crate) fn as_service(&self) -> Option<&Service> {
+        if let AnyObject::Service(o) = self { Some(o) } else { None }
+    }
+
+    pub(crate) fn as_node(&self) -> Option<&Node> {
+        if let AnyObject::Node(o) = self { Some(o) } else { None }
+    }
+
+    pub(crate) fn as_slice(&self) -> Option<&EndpointSlice> {
+        if let AnyObject::Slice(o) = self { Some(o) } else { None }
+    }
+
+    pub(crate) fn as_pool(&self) -> Option<&LoadBalancerIPPool> {
+        if let AnyObject::Pool(o) = self { Some(o) } else { None }
+    }
+
+    pub(crate) fn reference(&self) -> ObjectRef {
         ObjectRef::from_meta(self.kind(), self.metadata())
     }
 }
@@ -500,7 +516,7 @@ impl Assembler {
         }
     }
 
-    fn add_object(&mut self, parsed: ParsedObject) {
+    pub(crate) fn add_object(&mut self, parsed: ParsedObject) {
         match self.loaded.origins.positions.entry(parsed.object.reference()) {
             Entry::Occupied(first) => {
                 self.loaded.errors.push(ManifestError::DuplicateObject {
@@ -575,7 +591,7 @@ pub fn parse_manifest_text(path: &Path, text: &str) -> Loaded {
 
 /// Splits the text of file number `file` into work units: the whole text for JSON, one unit
 /// per document for YAML.
-fn push_work<'a>(work: &mut Vec<Work<'a>>, file: usize, json: bool, text: &'a str) {
+pub(crate) fn push_work<'a>(work: &mut Vec<Work<'a>>, file: usize, json: bool, text: &'a str) {
     if json {
         work.push(Work { file, unit: Unit::Json(text) });
         return;
@@ -588,19 +604,19 @@ fn push_work<'a>(work: &mut Vec<Work<'a>>, file: usize, json: bool, text: &'a st
     }
 }
 
-fn is_json(path: &Path) -> bool {
+pub(crate) fn is_json(path: &Path) -> bool {
     path.extension().and_then(OsStr::to_str).is_some_and(|e| e.eq_ignore_ascii_case("json"))
 }
 
 /// One piece of parsing: a YAML document or a whole JSON file.
 #[derive(Debug)]
-struct Work<'a> {
-    file: usize,
-    unit: Unit<'a>,
+pub(crate) struct Work<'a> {
+    pub(crate) file: usize,
+    pub(crate) unit: Unit<'a>,
 }
 
-#[derive(Debug)]
-enum Unit<'a> {
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Unit<'a> {
     Yaml { document: Document<'a>, index: Option<usize> },
     Json(&'a str),
 }
@@ -625,7 +641,7 @@ impl Work<'_> {
 
 /// Parses the work units, on several threads when there is enough text, and returns the
 /// results in the order of `work`, tagged with their file index.
-fn parse_work(work: &[Work<'_>], paths: &[Arc<Path>]) -> Vec<(usize, FileContents)> {
+pub(crate) fn parse_work(work: &[Work<'_>], paths: &[Arc<Path>]) -> Vec<(usize, FileContents)> {
     let total: usize = work.iter().map(Work::len).sum();
     let threads = std::thread::available_parallelism()
         .map_or(1, NonZeroUsize::get)
@@ -668,19 +684,19 @@ fn parse_work(work: &[Work<'_>], paths: &[Arc<Path>]) -> Vec<(usize, FileContent
 
 /// One YAML document of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Document<'a> {
-    text: &'a str,
+pub(crate) struct Document<'a> {
+    pub(crate) text: &'a str,
     /// 1-based line of the file where `text` starts (parser lines count from here).
     first_line: u64,
     /// 1-based line of the file where the document's content starts (past leading
     /// comments and markers): where errors about the whole document point.
-    content_line: u64,
+    pub(crate) content_line: u64,
 }
 
 /// Splits a YAML stream into its documents at `---` and `...` lines. Chunks with nothing but
 /// comments, blank lines and directives are not documents; they join the next one (so a
 /// leading `---` or `%YAML` line does not count as a document).
-fn split_documents(text: &str) -> Vec<Document<'_>> {
+pub(crate) fn split_documents(text: &str) -> Vec<Document<'_>> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut documents = Vec::new();
     // The chunk being collected, and the line of its first content if it has any.

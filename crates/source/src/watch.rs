@@ -2,8 +2,8 @@
 //!
 //! Every interval the directory is listed and each manifest's fingerprint (length,
 //! modification time and, on Unix, device, inode and change time) compared with the last
-//! one. Only new and changed files are read and parsed again; the others keep their parsed
-//! objects. Polling needs no inotify limits, works on every file system (network mounts,
+//! one. Only new and changed files are read, and of those only the documents whose text
+//! changed are parsed again (see [`crate::store`]); the others keep their parsed objects. Polling needs no inotify limits, works on every file system (network mounts,
 //! ConfigMap volumes whose files are swapped by renaming a link) and cannot miss an event.
 
 use std::collections::BTreeMap;
@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use tracing::debug;
 
-use crate::manifests::{Assembler, FileContents, Fingerprint, Loaded, ManifestError, list_files, read_and_parse};
+use crate::manifests::{Fingerprint, Loaded, ManifestError, list_files};
+use crate::store::{ManifestStore, ObjectChange, StoreCounters};
 
 /// How often [`DirectoryWatcher::run`] looks, unless told otherwise: changes show within a
 /// quarter of a second plus the time to parse them.
@@ -30,73 +31,97 @@ const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 #[derive(Debug)]
 pub struct DirectoryWatcher {
     dir: PathBuf,
-    /// The files of the last poll, in path order, with what they yielded.
-    files: BTreeMap<PathBuf, CachedFile>,
+    /// The fingerprints of the files of the last poll.
+    fingerprints: BTreeMap<PathBuf, Fingerprint>,
+    /// What the files hold, file by file and document by document.
+    store: ManifestStore,
     /// Problems listing the directory at the last poll.
     listing_errors: Vec<ManifestError>,
     has_polled: bool,
 }
 
+/// What one look at the directory found.
 #[derive(Debug)]
-struct CachedFile {
-    fingerprint: Fingerprint,
-    contents: FileContents,
+pub(crate) enum Scan {
+    /// The directory itself could not be listed; nothing was applied.
+    Unlisted(Vec<ManifestError>),
+    /// These objects changed (maybe none, when only problems changed).
+    Changed(Vec<ObjectChange>),
 }
 
 impl DirectoryWatcher {
     /// A watcher for `dir`; nothing is read until the first [`Self::poll`].
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), files: BTreeMap::new(), listing_errors: Vec::new(), has_polled: false }
+        Self {
+            dir: dir.into(),
+            fingerprints: BTreeMap::new(),
+            store: ManifestStore::default(),
+            listing_errors: Vec::new(),
+            has_polled: false,
+        }
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
+    /// How many files were read and documents parsed since the watcher was made.
+    pub fn counters(&self) -> StoreCounters {
+        self.store.counters
+    }
+
+    pub(crate) fn store(&self) -> &ManifestStore {
+        &self.store
+    }
+
     /// Looks at the directory once. Returns the whole new state when anything changed since
     /// the previous poll (always on the first poll), `None` otherwise.
     pub fn poll(&mut self) -> Option<Loaded> {
+        self.scan(true)?;
+        Some(self.store.loaded())
+    }
+
+    /// Looks at the directory once and reads what changed: `None` when nothing did (always
+    /// something on the first look). With `apply_unlisted` false, a directory that cannot
+    /// be listed changes nothing (the files are not forgotten) and is reported as
+    /// [`Scan::Unlisted`].
+    pub(crate) fn scan(&mut self, apply_unlisted: bool) -> Option<Scan> {
         let mut listing_errors = Vec::new();
         let listed = list_files(&self.dir, &mut listing_errors);
+        let errors_unchanged = same_errors(&self.listing_errors, &listing_errors);
+        let unlisted = listing_errors.iter().any(|error| is_unlisted(error, &self.dir));
+        if unlisted && !apply_unlisted {
+            let first = !self.has_polled;
+            self.listing_errors.clone_from(&listing_errors);
+            self.has_polled = true;
+            return (first || !errors_unchanged).then_some(Scan::Unlisted(listing_errors));
+        }
         let changed: Vec<PathBuf> = listed
             .iter()
-            .filter(|file| self.files.get(&file.path).is_none_or(|cached| cached.fingerprint != file.fingerprint))
+            .filter(|file| self.fingerprints.get(&file.path) != Some(&file.fingerprint))
             .map(|file| file.path.clone())
             .collect();
         // With nothing new or changed, equal counts mean nothing was removed either.
-        let files_unchanged = changed.is_empty() && listed.len() == self.files.len();
-        if self.has_polled && files_unchanged && same_errors(&self.listing_errors, &listing_errors) {
+        let files_unchanged = changed.is_empty() && listed.len() == self.fingerprints.len();
+        if self.has_polled && files_unchanged && errors_unchanged {
             return None;
         }
-
-        debug!(dir = %self.dir.display(), files = listed.len(), changed = changed.len(), "manifests changed, reloading");
-        let mut reparsed = read_and_parse(changed).into_iter().peekable();
-        let mut files = BTreeMap::new();
+        let mut fingerprints = BTreeMap::new();
         for file in listed {
-            let contents = match reparsed.next_if(|(path, _)| **path == *file.path) {
-                Some((_, contents)) => contents,
-                None => match self.files.remove(&file.path) {
-                    Some(cached) => cached.contents,
-                    None => FileContents::default(),
-                },
-            };
-            files.insert(file.path, CachedFile { fingerprint: file.fingerprint, contents });
+            self.fingerprints.remove(&file.path);
+            fingerprints.insert(file.path, file.fingerprint);
         }
-        self.files = files;
-        self.listing_errors = listing_errors;
+        let removed: Vec<PathBuf> = std::mem::replace(&mut self.fingerprints, fingerprints).into_keys().collect();
+        debug!(
+            dir = %self.dir.display(),
+            files = self.fingerprints.len(),
+            changed = changed.len(),
+            removed = removed.len(),
+            "manifests changed, reading what changed"
+        );
+        self.listing_errors.clone_from(&listing_errors);
         self.has_polled = true;
-        Some(self.assemble())
-    }
-
-    fn assemble(&self) -> Loaded {
-        let mut assembler = Assembler::default();
-        for error in &self.listing_errors {
-            assembler.add_error(error.clone());
-        }
-        for cached in self.files.values() {
-            assembler.add_file(cached.contents.objects.iter().cloned(), cached.contents.errors.iter().cloned());
-        }
-        assembler.finish()
+        Some(Scan::Changed(self.store.apply(changed, removed, listing_errors)))
     }
 
     /// Polls every `interval` and sends each new state, the first one included, until
@@ -125,11 +150,15 @@ impl DirectoryWatcher {
     }
 }
 
+fn is_unlisted(error: &ManifestError, dir: &Path) -> bool {
+    matches!(error, ManifestError::ListDirectory { path, .. } if path == dir)
+}
+
 fn same_errors(old: &[ManifestError], new: &[ManifestError]) -> bool {
     old.len() == new.len() && old.iter().zip(new).all(|(a, b)| a.to_string() == b.to_string())
 }
 
-fn sleep_unless_stopped(interval: Duration, stop: &AtomicBool) {
+pub(crate) fn sleep_unless_stopped(interval: Duration, stop: &AtomicBool) {
     let deadline = Instant::now() + interval;
     loop {
         let now = Instant::now();

@@ -769,3 +769,39 @@ fn a_whole_ipv6_range_is_usable() {
     let services = allocate_ok(&mut allocator, &[cluster_ip_service("default/a")]);
     assert!(ip_of(&services[0]).is_ipv6());
 }
+
+#[test]
+fn allocating_only_the_changed_services_keeps_everyone_elses_and_never_hands_out_a_held_address() {
+    // A /29 has six usable addresses: small enough that a new Service would be hashed onto
+    // a held one if the held ones were not claimed first.
+    let mut full = allocator(&["10.0.0.0/29"]);
+    let mut incremental = allocator(&["10.0.0.0/29"]);
+    let first: Vec<Service> = ["a/one", "a/two", "a/three"].into_iter().map(cluster_ip_service).collect();
+    let settled = allocate_ok(&mut full, &first);
+    incremental.allocate(&first);
+    assert_eq!(incremental.record(), full.record());
+
+    // A new Service and an explicit one taking a held address; one removed.
+    let added = cluster_ip_service("b/four");
+    let held_by_two = ip_of(&settled[1]).to_string();
+    let taker = with_cluster_ip("b/five", &held_by_two);
+    let outcome = incremental.allocate_changed(&[added, taker], &[key("a/three")]);
+    assert!(outcome.changed);
+    assert_eq!(accepted(&outcome), ["four"]);
+    assert_eq!(messages(&outcome).len(), 1, "{:?}", messages(&outcome));
+    assert!(messages(&outcome)[0].contains("a/two"), "{:?}", messages(&outcome));
+    let record = incremental.record();
+    assert_eq!(record.services.len(), 3, "{record:?}");
+    for (name, service) in ["a/one", "a/two"].iter().zip(&settled) {
+        assert_eq!(record.services[*name].cluster_ips, vec![ip_of(service)], "{name} kept its address");
+    }
+    let four = record.services["b/four"].cluster_ips[0];
+    assert!(!settled[..2].iter().any(|s| ip_of(s) == four), "{four} is held by another Service");
+
+    // The same state through a full pass gives the same record.
+    let everyone = vec![cluster_ip_service("a/one"), cluster_ip_service("a/two"), cluster_ip_service("b/four")];
+    let mut replay = allocator(&["10.0.0.0/29"]);
+    replay.restore(&record);
+    let outcome = replay.allocate(&everyone);
+    assert!(!outcome.changed, "a full pass agrees with the incremental one");
+}

@@ -1,0 +1,855 @@
+//! The controller step of the proxy's manifests feed, in proportion to what changed.
+//!
+//! [`DeltaState`] takes the objects whose definition changed (from the store) and works out
+//! which Services they touch: a changed Service itself; every Service whose selector matches
+//! a changed Pod's labels, before or after the change (Pods and Service selectors are both
+//! indexed by namespace and label, so finding them costs the Pod's labels, not the cluster);
+//! every Service when a Node changes (zones). Only those are allocated again
+//! ([`Allocator::allocate_changed`]: everyone else keeps what they hold; handed over in the
+//! order of a complete read, path then document, since two Services asking for one ClusterIP
+//! are settled by that order), planned
+//! ([`plan_slices_from`]) and converted; the result is a [`PartialSnapshot`] for the differ.
+//! LoadBalancer pools are the exception: with any pool present, a Service or pool change
+//! assigns load balancer addresses over all Services, as [`svcplane_controller::reconcile`]
+//! does.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use svcplane_controller::load_balancer::LoadBalancerIPPool;
+use svcplane_controller::{
+    Allocator, ControllerError, ObjectKey, assign_load_balancers, is_managed_by_us, plan_slices_from,
+};
+use svcplane_core::model::NamespacedName;
+
+use crate::convert::{FieldError, new_slice_address_errors, node_to_core, service_to_core, slice_to_core};
+use crate::diff::PartialSnapshot;
+use crate::held::{Held, PodRecord};
+use crate::manifests::{ObjectKind, ObjectRef};
+use crate::store::{DefinitionOrder, ManifestStore, ObjectChange};
+
+/// `(namespace, label key, label value)` hashed: a posting-list key. A collision only adds
+/// candidates, which the full selector check then drops.
+fn label_key(namespace: &str, key: &str, value: &str) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    (namespace, key, value).hash(&mut hasher);
+    hasher.finish()
+}
+
+/// What the incremental controller remembers between edits.
+#[derive(Debug, Default)]
+pub(crate) struct DeltaState {
+    services: BTreeMap<ObjectRef, Arc<Held>>,
+    pods: HashMap<ObjectRef, Arc<Held>>,
+    nodes: BTreeMap<ObjectRef, Arc<Held>>,
+    /// The Nodes as the slice planner wants them (zones), rebuilt when one changes.
+    node_list: Vec<Node>,
+    pools: BTreeMap<ObjectRef, Arc<Held>>,
+    /// EndpointSlices written by hand (not ours).
+    slices: BTreeMap<ObjectRef, Arc<Held>>,
+    /// Pods by `(namespace, key, value)` of each label.
+    pods_by_label: HashMap<u64, HashSet<ObjectRef>>,
+    /// Services with a selector by `(namespace, key, value)` of their selector's first label.
+    services_by_selector: HashMap<u64, BTreeSet<ObjectRef>>,
+    /// Services as allocated.
+    allocated: HashMap<ObjectRef, Service>,
+    /// With LoadBalancerIPPools: every allocated Service after load balancer assignment.
+    with_load_balancers: HashMap<ObjectRef, Service>,
+    /// Services refused by the allocator or the planner, with why.
+    refused: BTreeMap<ObjectRef, Vec<ControllerError>>,
+    load_balancer_problems: Vec<String>,
+    /// The core names of the slices generated for each Service.
+    generated: HashMap<ObjectRef, Vec<NamespacedName>>,
+    /// Whether the allocator has had its first, full pass.
+    allocated_once: bool,
+    /// Conversion problems, by the Service (with its generated slices) or hand-written slice.
+    convert_errors: BTreeMap<ObjectRef, Vec<FieldError>>,
+}
+
+/// What one step produced.
+#[derive(Debug, Default)]
+pub(crate) struct DeltaOutput {
+    pub(crate) partial: PartialSnapshot,
+    pub(crate) allocations_changed: bool,
+    /// How many Services were allocated, planned and converted again.
+    pub(crate) services_touched: usize,
+}
+
+impl DeltaState {
+    /// Takes the changed objects into account and returns what the core must learn.
+    /// `store` is the store the changes came from, after them (for the order of definitions).
+    pub(crate) fn apply(
+        &mut self,
+        changes: Vec<ObjectChange>,
+        store: &ManifestStore,
+        allocator: &mut Allocator,
+    ) -> DeltaOutput {
+        let mut output = DeltaOutput::default();
+        let mut affected: BTreeSet<ObjectRef> = BTreeSet::new();
+        let mut services_changed: BTreeSet<ObjectRef> = BTreeSet::new();
+        let mut slices_changed: Vec<ObjectRef> = Vec::new();
+        let mut nodes_changed: Vec<ObjectRef> = Vec::new();
+        let mut pools_changed = false;
+        for (reference, new) in changes {
+            match reference.kind {
+                ObjectKind::Service => {
+                    let old = match &new {
+                        Some(object) => self.services.insert(reference.clone(), Arc::clone(object)),
+                        None => self.services.remove(&reference),
+                    };
+                    if let Some(old) = old.as_deref().and_then(Held::as_service) {
+                        self.unindex_service(&reference, old);
+                    }
+                    if let Some(service) = new.as_deref().and_then(Held::as_service) {
+                        self.index_service(&reference, service);
+                    }
+                    services_changed.insert(reference);
+                }
+                ObjectKind::Pod => {
+                    let old = match &new {
+                        Some(object) => self.pods.insert(reference.clone(), Arc::clone(object)),
+                        None => self.pods.remove(&reference),
+                    };
+                    for pod in [old.as_deref(), new.as_deref()].into_iter().flatten().filter_map(Held::as_pod) {
+                        self.services_selecting(&reference.namespace, pod, &mut affected);
+                    }
+                    if let Some(pod) = old.as_deref().and_then(Held::as_pod) {
+                        for (key, value) in pod.labels() {
+                            let posting = label_key(&reference.namespace, key, value);
+                            if let Some(pods) = self.pods_by_label.get_mut(&posting) {
+                                pods.remove(&reference);
+                                if pods.is_empty() {
+                                    self.pods_by_label.remove(&posting);
+                                }
+                            }
+                        }
+                    }
+                    if let Some(pod) = new.as_deref().and_then(Held::as_pod) {
+                        for (key, value) in pod.labels() {
+                            let posting = label_key(&reference.namespace, key, value);
+                            self.pods_by_label.entry(posting).or_default().insert(reference.clone());
+                        }
+                    }
+                }
+                ObjectKind::Node => {
+                    match new {
+                        Some(object) => self.nodes.insert(reference.clone(), object),
+                        None => self.nodes.remove(&reference),
+                    };
+                    nodes_changed.push(reference);
+                }
+                ObjectKind::EndpointSlice => {
+                    match new {
+                        Some(object) => self.slices.insert(reference.clone(), object),
+                        None => self.slices.remove(&reference),
+                    };
+                    slices_changed.push(reference);
+                }
+                ObjectKind::LoadBalancerIPPool => {
+                    match new {
+                        Some(object) => self.pools.insert(reference, object),
+                        None => self.pools.remove(&reference),
+                    };
+                    pools_changed = true;
+                }
+            }
+        }
+
+        if !nodes_changed.is_empty() {
+            self.node_list = self.nodes.values().filter_map(|o| o.as_node()).cloned().collect();
+            for reference in &nodes_changed {
+                match self.nodes.get(reference).and_then(|o| o.as_node()) {
+                    Some(node) => output.partial.nodes.push(node_to_core(node)),
+                    None => output.partial.deleted_nodes.push(reference.name.clone()),
+                }
+            }
+            // Zones feed every Service's endpoint hints.
+            affected.extend(self.services.keys().cloned());
+        }
+
+        // Allocation: the changed Services, and the refused ones again (they may fit now).
+        let retried: Vec<ObjectRef> = self.refused.keys().filter(|r| !services_changed.contains(r)).cloned().collect();
+        if !services_changed.is_empty() || !retried.is_empty() {
+            let mut settle: Vec<(Option<DefinitionOrder<'_>>, Service)> = Vec::new();
+            let mut removed: Vec<ObjectKey> = Vec::new();
+            for reference in services_changed.iter().chain(&retried) {
+                match self.services.get(reference).and_then(|o| o.as_service()) {
+                    Some(service) => settle.push((store.order_of(reference), service.clone())),
+                    None => {
+                        removed.push(ObjectKey::new(reference.namespace.clone(), reference.name.clone()));
+                        self.allocated.remove(reference);
+                        self.with_load_balancers.remove(reference);
+                        self.refused.remove(reference);
+                    }
+                }
+            }
+            // In the order of a complete read (path, document, object), not by name: the
+            // allocator gives a ClusterIP asked for by two Services to the first one it
+            // sees, and a complete read shows them in that order.
+            settle.sort_by(|a, b| a.0.cmp(&b.0));
+            let settle: Vec<Service> = settle.into_iter().map(|(_, service)| service).collect();
+            // The first time, every Service is here: a full pass also releases what a restored
+            // record holds for Services that are gone.
+            let outcome = if std::mem::replace(&mut self.allocated_once, true) {
+                allocator.allocate_changed(&settle, &removed)
+            } else {
+                allocator.allocate(&settle)
+            };
+            output.allocations_changed = outcome.changed;
+            for (service, result) in settle.iter().zip(outcome.services) {
+                let reference = ObjectRef::from_meta(ObjectKind::Service, &service.metadata);
+                match result {
+                    Ok(filled) => {
+                        self.refused.remove(&reference);
+                        self.allocated.insert(reference, filled);
+                    }
+                    Err(errors) => {
+                        self.allocated.remove(&reference);
+                        self.with_load_balancers.remove(&reference);
+                        self.refused.insert(reference, errors);
+                    }
+                }
+            }
+            affected.extend(services_changed.iter().cloned());
+            affected.extend(retried);
+        }
+
+        if pools_changed || (!self.pools.is_empty() && !services_changed.is_empty()) {
+            let pools: Vec<LoadBalancerIPPool> = self.pools.values().filter_map(|o| o.as_pool()).cloned().collect();
+            let mut references: Vec<ObjectRef> = self.allocated.keys().cloned().collect();
+            references.sort_unstable();
+            let mut services: Vec<Service> = references.iter().map(|r| self.allocated[r].clone()).collect();
+            self.load_balancer_problems =
+                if pools.is_empty() { Vec::new() } else { assign_load_balancers(&pools, &mut services, allocator) };
+            let mut with_load_balancers = HashMap::new();
+            for (reference, service) in references.into_iter().zip(services) {
+                if self.with_load_balancers.get(&reference).unwrap_or(&self.allocated[&reference]) != &service {
+                    affected.insert(reference.clone());
+                }
+                if !pools.is_empty() {
+                    with_load_balancers.insert(reference, service);
+                }
+            }
+            self.with_load_balancers = with_load_balancers;
+        }
+
+        output.services_touched = affected.len();
+        for reference in &affected {
+            self.publish_service(reference, &mut output.partial);
+        }
+        for reference in slices_changed {
+            self.publish_slice(&reference, &mut output.partial);
+        }
+        output
+    }
+
+    /// Plans, converts and hands over one Service and its generated slices (or their removal).
+    fn publish_service(&mut self, reference: &ObjectRef, partial: &mut PartialSnapshot) {
+        let name = NamespacedName::new(reference.namespace.clone(), reference.name.clone());
+        self.convert_errors.remove(reference);
+        let old_slices = self.generated.remove(reference).unwrap_or_default();
+        let mut new_slices: Vec<NamespacedName> = Vec::new();
+        let mut errors: Vec<FieldError> = Vec::new();
+        let mut published = false;
+        let service = self.with_load_balancers.get(reference).or_else(|| self.allocated.get(reference));
+        if let Some(service) = service {
+            let candidates = self.candidates(reference, service);
+            let candidates: Vec<&Pod> = candidates.iter().collect();
+            match plan_slices_from(service, &candidates, &self.node_list) {
+                Err(error) => {
+                    self.refused.insert(reference.clone(), vec![error]);
+                }
+                Ok(slices) => {
+                    match service_to_core(service) {
+                        Ok(Some(core)) => {
+                            partial.services.push(core);
+                            published = true;
+                        }
+                        Ok(None) => {}
+                        Err(found) => errors.extend(found),
+                    }
+                    for slice in &slices {
+                        let strict = new_slice_address_errors(slice);
+                        match slice_to_core(slice) {
+                            Ok(Some(core)) if strict.is_empty() => {
+                                new_slices.push(core.name.clone());
+                                partial.slices.push(core);
+                            }
+                            Ok(_) => errors.extend(strict),
+                            Err(found) => {
+                                errors.extend(found);
+                                errors.extend(strict);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if !published {
+            partial.deleted_services.push(name);
+        }
+        partial.deleted_slices.extend(old_slices.into_iter().filter(|old| !new_slices.contains(old)));
+        if !new_slices.is_empty() {
+            self.generated.insert(reference.clone(), new_slices);
+        }
+        if !errors.is_empty() {
+            self.convert_errors.insert(reference.clone(), errors);
+        }
+    }
+
+    /// Converts and hands over one hand-written slice (or its removal).
+    fn publish_slice(&mut self, reference: &ObjectRef, partial: &mut PartialSnapshot) {
+        self.convert_errors.remove(reference);
+        let slice = self.slices.get(reference).and_then(|o| o.as_slice()).filter(|slice| !is_managed_by_us(slice));
+        let mut published = false;
+        if let Some(slice) = slice {
+            let strict = new_slice_address_errors(slice);
+            let mut errors = Vec::new();
+            match slice_to_core(slice) {
+                Ok(Some(core)) if strict.is_empty() => {
+                    partial.slices.push(core);
+                    published = true;
+                }
+                Ok(_) => errors = strict,
+                Err(mut found) => {
+                    found.extend(strict);
+                    errors = found;
+                }
+            }
+            if !errors.is_empty() {
+                self.convert_errors.insert(reference.clone(), errors);
+            }
+        }
+        if !published {
+            partial.deleted_slices.push(NamespacedName::new(reference.namespace.clone(), reference.name.clone()));
+        }
+    }
+
+    /// The Pods that may be selected by `service` (those with its selector's first label),
+    /// rebuilt from their records for the planner.
+    fn candidates(&self, reference: &ObjectRef, service: &Service) -> Vec<Pod> {
+        let Some((key, value)) = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()?.iter().next()) else {
+            return Vec::new();
+        };
+        let Some(pods) = self.pods_by_label.get(&label_key(&reference.namespace, key, value)) else {
+            return Vec::new();
+        };
+        pods.iter().filter_map(|pod| self.pods.get(pod).and_then(|o| o.as_pod())).map(PodRecord::to_pod).collect()
+    }
+
+    fn index_service(&mut self, reference: &ObjectRef, service: &Service) {
+        if let Some((key, value)) = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()?.iter().next()) {
+            let posting = label_key(&reference.namespace, key, value);
+            self.services_by_selector.entry(posting).or_default().insert(reference.clone());
+        }
+    }
+
+    fn unindex_service(&mut self, reference: &ObjectRef, service: &Service) {
+        if let Some((key, value)) = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()?.iter().next()) {
+            let posting = label_key(&reference.namespace, key, value);
+            if let Some(services) = self.services_by_selector.get_mut(&posting) {
+                services.remove(reference);
+                if services.is_empty() {
+                    self.services_by_selector.remove(&posting);
+                }
+            }
+        }
+    }
+
+    /// Adds the Services of `namespace` whose selector matches the labels of `pod`.
+    fn services_selecting(&self, namespace: &str, pod: &PodRecord, found: &mut BTreeSet<ObjectRef>) {
+        for (key, value) in pod.labels() {
+            let Some(services) = self.services_by_selector.get(&label_key(namespace, key, value)) else { continue };
+            for reference in services {
+                let selector = self
+                    .services
+                    .get(reference)
+                    .and_then(|o| o.as_service())
+                    .and_then(|s| s.spec.as_ref())
+                    .and_then(|spec| spec.selector.as_ref());
+                if selector.is_some_and(|selector| selector.iter().all(|(k, v)| pod.label(k) == Some(v.as_str()))) {
+                    found.insert(reference.clone());
+                }
+            }
+        }
+    }
+
+    /// The controller's and the converter's problems, one line each, naming the file.
+    pub(crate) fn problems(&self, store: &ManifestStore) -> Vec<String> {
+        let mut problems = Vec::new();
+        for errors in self.refused.values() {
+            for error in errors {
+                let object = ObjectRef::new(ObjectKind::Service, &error.service().namespace, &error.service().name);
+                match store.position_of(&object) {
+                    Some(position) => problems.push(format!("{}: {error}", position.file.display())),
+                    None => problems.push(error.to_string()),
+                }
+            }
+        }
+        problems.extend(self.load_balancer_problems.iter().cloned());
+        for errors in self.convert_errors.values() {
+            let origin = errors.first().and_then(|e| store.position_of(&e.object)).cloned();
+            for error in errors {
+                let mut error = error.clone();
+                error.origin.clone_from(&origin);
+                problems.push(error.to_string());
+            }
+        }
+        problems
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::fmt::Write as _;
+    use std::fs;
+    use std::time::Duration;
+
+    use svcplane_controller::{AllocatorConfig, NodePortRange};
+    use svcplane_core::Change;
+
+    use crate::feed::{ManifestsFeed, ManifestsSettings};
+    use crate::manifests::tests::TempDir;
+
+    fn feed(dir: &TempDir) -> ManifestsFeed {
+        ManifestsFeed::new(ManifestsSettings {
+            dir: dir.0.clone(),
+            allocator: AllocatorConfig {
+                service_cidrs: vec!["198.19.0.0/16".parse().unwrap()],
+                node_port_range: NodePortRange::DEFAULT,
+            },
+            allocations_file: None,
+            saves_allocations: false,
+        })
+        .unwrap()
+    }
+
+    /// Services `first..first + count`, each with two Pods; Pod 0 of `moved` gets `address`.
+    fn part(first: usize, count: usize, moved: Option<(usize, &str)>) -> String {
+        let mut text = String::new();
+        for s in first..first + count {
+            let cluster_ip = if s % 3 == 0 { String::new() } else { format!("\n  clusterIP: 198.19.1.{s}") };
+            writeln!(
+                text,
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{s}, namespace: lab}}\nspec:{cluster_ip}\n  selector: {{app: svc-{s}}}\n  ports: [{{port: 80, targetPort: 8080}}]\n---"
+            )
+            .unwrap();
+            for e in 0..2 {
+                let ip = match moved {
+                    Some((service, address)) if service == s && e == 0 => address.to_owned(),
+                    _ => format!("198.18.{s}.{}", e + 1),
+                };
+                writeln!(
+                    text,
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: svc-{s}-{e}, namespace: lab, labels: {{app: svc-{s}}}}}\nspec: {{nodeName: node-1, containers: [{{name: app, image: app}}]}}\nstatus:\n  podIP: {ip}\n  conditions: [{{type: Ready, status: 'True'}}]\n---"
+                )
+                .unwrap();
+            }
+        }
+        text
+    }
+
+    /// Writes after a pause, so that the edit shows in the file's times.
+    fn write(dir: &TempDir, name: &str, text: &str) {
+        std::thread::sleep(Duration::from_millis(20));
+        dir.write(name, text);
+    }
+
+    /// The model the changes build, by kind and name.
+    #[derive(Debug, Default, PartialEq)]
+    struct Model {
+        services: BTreeMap<String, String>,
+        slices: BTreeMap<String, String>,
+        nodes: BTreeMap<String, String>,
+    }
+
+    impl Model {
+        fn apply(&mut self, changes: Vec<Change>) {
+            for change in changes {
+                match change {
+                    Change::ServiceUpserted(s) => self.services.insert(s.name.to_string(), format!("{s:?}")),
+                    Change::ServiceDeleted(name) => self.services.remove(&name.to_string()),
+                    Change::SliceUpserted(s) => self.slices.insert(s.name.to_string(), format!("{s:?}")),
+                    Change::SliceDeleted(name) => self.slices.remove(&name.to_string()),
+                    Change::NodeUpserted(n) => self.nodes.insert(n.name.clone(), format!("{n:?}")),
+                    Change::NodeDeleted(name) => self.nodes.remove(&name),
+                };
+            }
+        }
+
+        /// What a complete read of the directory with a fresh feed gives.
+        fn complete(dir: &TempDir) -> Self {
+            let mut model = Self::default();
+            model.apply(feed(dir).read_changes().unwrap());
+            model
+        }
+    }
+
+    /// A hand-written EndpointSlice (IPv4) of the selector-less Service `service`.
+    fn hand_slice(service: &str, suffix: &str, port: u16, addresses: &[&str]) -> String {
+        let mut text = format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-{suffix}\n  namespace: lab\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: IPv4\nports:\n  - name: tcp\n    protocol: TCP\n    port: {port}\nendpoints:\n"
+        );
+        for address in addresses {
+            writeln!(text, "  - addresses: [\"{address}\"]\n    conditions:\n      ready: true").unwrap();
+        }
+        text
+    }
+
+    fn selectorless(service: &str, cluster_ip: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {service}, namespace: lab}}\nspec:\n  clusterIP: {cluster_ip}\n  ports: [{{name: tcp, port: 80, targetPort: 8080}}]\n"
+        )
+    }
+
+    #[test]
+    fn a_selectorless_service_with_two_slices_keeps_each_slice_with_its_own_port_and_endpoints() {
+        let dir = TempDir::new("delta-selectorless");
+        let live = hand_slice("retry", "live", 8080, &["198.18.0.2"]);
+        let dead = hand_slice("retry", "dead", 8099, &["198.18.0.3", "198.18.0.4"]);
+        dir.write("retry.yaml", &format!("{}{live}{dead}", selectorless("retry", "198.19.0.80")));
+        let mut feed = feed(&dir);
+        let mut model = Model::default();
+        model.apply(feed.poll_changes().expect("the first look gives the state"));
+        assert_eq!(model.slices.len(), 2, "{model:?}");
+        assert_eq!(model, Model::complete(&dir), "the first look");
+
+        // The dead slice's endpoints change, then the live one moves to another address,
+        // then the dead slice goes, then it comes back in a file of its own.
+        let dead_again = hand_slice("retry", "dead", 8099, &["198.18.0.5"]);
+        write(&dir, "retry.yaml", &format!("{}{live}{dead_again}", selectorless("retry", "198.19.0.80")));
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after the dead slice's edit");
+
+        let moved = hand_slice("retry", "live", 8080, &["198.18.0.6"]);
+        write(&dir, "retry.yaml", &format!("{}{moved}{dead_again}", selectorless("retry", "198.19.0.80")));
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after the live slice's edit");
+
+        write(&dir, "retry.yaml", &format!("{}{moved}", selectorless("retry", "198.19.0.80")));
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after the dead slice's removal");
+        assert_eq!(model.slices.len(), 1, "{model:?}");
+
+        write(&dir, "z-dead.yaml", &dead);
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after the dead slice came back in a file of its own");
+        fs::remove_file(dir.0.join("z-dead.yaml")).unwrap();
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after that file's removal");
+    }
+
+    #[test]
+    fn a_cluster_ip_asked_for_by_two_services_goes_to_the_first_in_path_order_as_in_a_complete_read() {
+        // `retry` (selector-less, two slices of different ports) in a.yaml and `lb` (a
+        // selector) in b.yaml both ask for 198.19.0.80. A complete read sees retry first and
+        // gives it the address; `lb`, whose name sorts first, is refused.
+        let dir = TempDir::new("delta-conflict");
+        let live = hand_slice("retry", "live", 8080, &["198.18.0.2"]);
+        let dead = hand_slice("retry", "dead", 8099, &["198.18.0.3"]);
+        dir.write("a.yaml", &format!("{}{live}{dead}", selectorless("retry", "198.19.0.80")));
+        let lb = "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: lab}\nspec:\n  clusterIP: 198.19.0.80\n  selector: {app: svc-1}\n  ports: [{name: tcp, port: 80, targetPort: 8080}]\n---\n";
+        dir.write("b.yaml", &format!("{lb}{}", part(1, 1, None)));
+        let mut feed = feed(&dir);
+        let mut model = Model::default();
+        model.apply(feed.poll_changes().expect("the first look gives the state"));
+        assert_eq!(model, Model::complete(&dir), "the first look");
+        assert!(model.services.contains_key("lab/retry"), "{:?}", model.services.keys());
+        assert!(!model.services.contains_key("lab/lb"), "{:?}", model.services.keys());
+
+        // Both edited at once: retry keeps the address.
+        write(&dir, "a.yaml", &format!("{}{live}", selectorless("retry", "198.19.0.80")));
+        write(&dir, "b.yaml", &format!("{}{}", lb.replace("port: 80,", "port: 81,"), part(1, 1, None)));
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after both edits");
+
+        // The holder goes: the other one gets the address.
+        fs::remove_file(dir.0.join("a.yaml")).unwrap();
+        model.apply(feed.poll_changes().unwrap_or_default());
+        assert_eq!(model, Model::complete(&dir), "after the holder's removal");
+        assert!(model.services.contains_key("lab/lb"), "{:?}", model.services.keys());
+    }
+
+    /// A small deterministic generator (xorshift64*), so that a failing sequence repeats.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+        }
+    }
+
+    /// One random definition of object `id` (Services 0..6, Pods 6..14, hand-written slices
+    /// 14..18, the Node 18): few values each, so that selectors match, ClusterIPs are asked
+    /// for twice, and slices of one selector-less Service differ in port and address.
+    fn random_object(id: usize, rng: &mut Rng) -> String {
+        match id {
+            0..6 => {
+                let ip = match rng.below(3) {
+                    0 => String::new(),
+                    n => format!("\n  clusterIP: 198.19.0.{}", 9 + n),
+                };
+                let selector = match rng.below(4) {
+                    3 => String::new(),
+                    app => format!("\n  selector: {{app: a{app}}}"),
+                };
+                let port = 80 + rng.below(2);
+                format!(
+                    "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{id}, namespace: lab}}\nspec:{ip}{selector}\n  ports: [{{name: tcp, port: {port}, targetPort: 8080}}]\n"
+                )
+            }
+            6..14 => {
+                let ready = if rng.below(4) == 0 { "False" } else { "True" };
+                format!(
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: pod-{id}, namespace: lab, labels: {{app: a{}}}}}\nspec: {{nodeName: node-1, containers: [{{name: app, image: app}}]}}\nstatus:\n  podIP: 198.18.{}.{id}\n  conditions: [{{type: Ready, status: '{ready}'}}]\n",
+                    rng.below(3),
+                    rng.below(2)
+                )
+            }
+            14..18 => {
+                let service = format!("svc-{}", rng.below(3));
+                let address = format!("198.18.9.{}", rng.below(4) + 1);
+                hand_slice(&service, &format!("h{id}"), 8080 + rng.below(2) as u16, &[&address])
+                    .trim_start_matches("---\n")
+                    .to_owned()
+            }
+            _ => {
+                let zone =
+                    ["", ", labels: {topology.kubernetes.io/zone: z1}", ", labels: {topology.kubernetes.io/zone: z2}"]
+                        [rng.below(3)];
+                format!("apiVersion: v1\nkind: Node\nmetadata: {{name: node-1{zone}}}\n")
+            }
+        }
+    }
+
+    #[test]
+    fn random_edit_sequences_leave_the_same_model_as_complete_reads_with_the_same_history() {
+        const OBJECTS: usize = 19;
+        const FILES: usize = 4;
+        const STEPS: usize = 30;
+        for seed in [0x9e37_79b9_7f4a_7c15_u64, 0x0123_4567_89ab_cdef, 0xdead_beef_cafe_f00d] {
+            let mut rng = Rng(seed);
+            let dir = TempDir::new("delta-random");
+            // Definitions by object: (file, text); more than one is a duplicate.
+            let mut defined: Vec<Vec<(usize, String)>> =
+                (0..OBJECTS).map(|id| vec![(rng.below(FILES), random_object(id, &mut rng))]).collect();
+            let render = |defined: &Vec<Vec<(usize, String)>>, file: usize| -> String {
+                let documents: Vec<&str> =
+                    defined.iter().flatten().filter(|(f, _)| *f == file).map(|(_, text)| text.as_str()).collect();
+                documents.join("---\n")
+            };
+            let mut written: Vec<Option<String>> = vec![None; FILES];
+            let sync_files = |defined: &Vec<Vec<(usize, String)>>, written: &mut Vec<Option<String>>| {
+                std::thread::sleep(Duration::from_millis(20));
+                for (file, old) in written.iter_mut().enumerate() {
+                    let text = render(defined, file);
+                    let new = (!text.is_empty()).then_some(text);
+                    if *old != new {
+                        let name = format!("f{file}.yaml");
+                        match &new {
+                            Some(text) => dir.write(&name, text),
+                            None => {
+                                let _ = fs::remove_file(dir.0.join(name));
+                                dir.0.clone()
+                            }
+                        };
+                        *old = new;
+                    }
+                }
+            };
+            sync_files(&defined, &mut written);
+            let mut incremental = feed(&dir);
+            let mut complete = feed(&dir);
+            let mut model = Model::default();
+            let mut expected = Model::default();
+            model.apply(incremental.poll_changes().unwrap_or_default());
+            expected.apply(complete.read_changes().unwrap());
+            assert_eq!(model, expected, "seed {seed:#x}: the first look");
+            for step in 0..STEPS {
+                let id = rng.below(OBJECTS);
+                let what = match rng.below(6) {
+                    0 | 1 => {
+                        let text = random_object(id, &mut rng);
+                        match defined[id].first_mut() {
+                            Some(first) => first.1 = text,
+                            None => defined[id].push((rng.below(FILES), text)),
+                        }
+                        "edited"
+                    }
+                    2 => {
+                        let file = rng.below(FILES);
+                        if let Some(first) = defined[id].first_mut() {
+                            first.0 = file;
+                        }
+                        "moved"
+                    }
+                    3 => {
+                        defined[id].clear();
+                        "removed"
+                    }
+                    4 => {
+                        let definition = (rng.below(FILES), random_object(id, &mut rng));
+                        defined[id].push(definition);
+                        "defined again"
+                    }
+                    _ => {
+                        defined[id].truncate(1);
+                        "left with its first definition"
+                    }
+                };
+                sync_files(&defined, &mut written);
+                model.apply(incremental.poll_changes().unwrap_or_default());
+                expected.apply(complete.read_changes().unwrap());
+                assert_eq!(model, expected, "seed {seed:#x}, step {step}: object {id} {what}");
+            }
+        }
+    }
+
+    #[test]
+    fn one_pod_edit_re_reads_one_file_parses_one_document_and_replans_one_service() {
+        let dir = TempDir::new("delta-pod");
+        for f in 0..3 {
+            dir.write(&format!("part-{f}.yaml"), &part(f * 4 + 1, 4, None));
+        }
+        let mut feed = feed(&dir);
+        let first = feed.poll_changes().expect("the first look gives the state");
+        assert_eq!(first.len(), 24, "12 Services and their 12 slices: {first:?}");
+        let before = feed.counters();
+        assert_eq!((before.files_read, before.documents_parsed), (3, 36));
+        assert!(feed.poll_changes().is_none(), "nothing changed");
+
+        write(&dir, "part-1.yaml", &part(5, 4, Some((6, "198.18.99.9"))));
+        let changes = feed.poll_changes().expect("the edit is seen");
+        let after = feed.counters();
+        assert_eq!(after.files_read - before.files_read, 1, "one file read");
+        assert_eq!(after.documents_parsed - before.documents_parsed, 1, "one document parsed");
+        assert_eq!(feed.services_touched(), 1);
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        let Change::SliceUpserted(slice) = &changes[0] else { panic!("expected a slice change: {changes:?}") };
+        assert_eq!(slice.name.namespace, "lab");
+        assert!(slice.name.name.starts_with("svc-6-"), "{}", slice.name);
+        let addresses: Vec<String> = slice.endpoints.iter().map(|e| e.address.to_string()).collect();
+        assert!(addresses.contains(&"198.18.99.9".to_owned()), "{addresses:?}");
+    }
+
+    #[test]
+    fn a_deleted_file_removes_its_objects_and_an_object_moved_between_files_is_kept() {
+        let dir = TempDir::new("delta-files");
+        dir.write("a.yaml", &part(1, 2, None));
+        dir.write("b.yaml", &part(3, 2, None));
+        let mut feed = feed(&dir);
+        let mut model = Model::default();
+        model.apply(feed.poll_changes().unwrap());
+        assert_eq!(model.services.len(), 4);
+
+        // Service 3 and its Pods move from b.yaml to c.yaml: nothing changes.
+        std::thread::sleep(Duration::from_millis(20));
+        dir.write("c.yaml", &part(3, 1, None));
+        dir.write("b.yaml", &part(4, 1, None));
+        let changes = feed.poll_changes().expect("the files changed");
+        assert_eq!(changes, Vec::new(), "moving objects between files changes nothing");
+
+        fs::remove_file(dir.0.join("a.yaml")).unwrap();
+        let changes = feed.poll_changes().expect("a deleted file is a change");
+        let deleted: Vec<String> = changes
+            .iter()
+            .map(|c| match c {
+                Change::ServiceDeleted(name) => format!("service {name}"),
+                Change::SliceDeleted(name) => {
+                    format!("slice {}", name.name.split('-').take(2).collect::<Vec<_>>().join("-"))
+                }
+                other => panic!("only deletes expected: {other:?}"),
+            })
+            .collect();
+        assert_eq!(deleted, ["slice svc-1", "slice svc-2", "service lab/svc-1", "service lab/svc-2"]);
+        model.apply(changes);
+        assert_eq!(model, Model::complete(&dir));
+    }
+
+    #[test]
+    fn a_duplicate_keeps_the_first_definition_until_it_goes() {
+        let dir = TempDir::new("delta-duplicate");
+        let web =
+            |ip: &str| format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec: {{clusterIP: {ip}}}\n");
+        dir.write("a.yaml", &web("198.19.0.1"));
+        dir.write("b.yaml", &web("198.19.0.2"));
+        let mut feed = feed(&dir);
+        let changes = feed.poll_changes().unwrap();
+        let Change::ServiceUpserted(service) = &changes[0] else { panic!("{changes:?}") };
+        assert_eq!(service.cluster_ips[0].to_string(), "198.19.0.1");
+        let store = feed.store_errors();
+        assert_eq!(store.len(), 1, "{store:?}");
+        assert!(store[0].contains("defined again"), "{store:?}");
+
+        fs::remove_file(dir.0.join("a.yaml")).unwrap();
+        let changes = feed.poll_changes().unwrap();
+        let [Change::ServiceUpserted(service)] = &changes[..] else { panic!("{changes:?}") };
+        assert_eq!(service.cluster_ips[0].to_string(), "198.19.0.2");
+        assert!(feed.store_errors().is_empty());
+    }
+
+    #[test]
+    fn a_broken_document_is_reported_and_the_rest_of_its_file_still_counts() {
+        let dir = TempDir::new("delta-broken");
+        dir.write("a.yaml", &part(1, 2, None));
+        let mut feed = feed(&dir);
+        let mut model = Model::default();
+        model.apply(feed.poll_changes().unwrap());
+        write(
+            &dir,
+            "a.yaml",
+            &format!(
+                "{}apiVersion: v1\nkind: Service\nmetadata: {{name: bad}}\nspec: {{ports: 7}}\n",
+                part(1, 2, Some((2, "198.18.2.77")))
+            ),
+        );
+        model.apply(feed.poll_changes().unwrap());
+        assert_eq!(feed.store_errors().len(), 1, "{:?}", feed.store_errors());
+        assert_eq!(model, Model::complete(&dir));
+        assert!(model.slices.values().any(|s| s.contains("198.18.2.77")));
+    }
+
+    #[test]
+    fn every_edit_leaves_the_same_model_as_a_complete_read() {
+        let dir = TempDir::new("delta-differential");
+        dir.write("nodes.yaml", "apiVersion: v1\nkind: Node\nmetadata: {name: node-1}\n");
+        dir.write("a.yaml", &part(1, 3, None));
+        dir.write("b.yaml", &part(4, 3, None));
+        let mut feed = feed(&dir);
+        let mut model = Model::default();
+        model.apply(feed.poll_changes().unwrap());
+        assert_eq!(model, Model::complete(&dir));
+
+        type Step = Box<dyn Fn(&TempDir)>;
+        let steps: Vec<Step> = vec![
+            Box::new(|d| write(d, "a.yaml", &part(1, 3, Some((2, "198.18.50.1"))))),
+            Box::new(|d| write(d, "c.yaml", &part(7, 2, None))),
+            // A Pod relabelled away from its Service, and a Service whose selector changes.
+            Box::new(|d| write(d, "b.yaml", &part(4, 3, None).replace("labels: {app: svc-5}", "labels: {app: other}"))),
+            Box::new(|d| {
+                write(d, "b.yaml", &part(4, 3, None).replace("selector: {app: svc-6}", "selector: {app: svc-4}"));
+            }),
+            Box::new(|d| fs::remove_file(d.0.join("c.yaml")).unwrap()),
+            Box::new(|d| {
+                write(
+                    d,
+                    "nodes.yaml",
+                    "apiVersion: v1\nkind: Node\nmetadata: {name: node-1, labels: {topology.kubernetes.io/zone: z1}}\n",
+                );
+            }),
+            Box::new(|d| write(d, "a.yaml", "")),
+        ];
+        for (index, step) in steps.iter().enumerate() {
+            step(&dir);
+            model.apply(feed.poll_changes().unwrap_or_default());
+            assert_eq!(model, Model::complete(&dir), "after step {index}");
+        }
+    }
+}

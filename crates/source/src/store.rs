@@ -1,0 +1,366 @@
+//! The manifests directory held file by file, so that an edit costs what it changed.
+//!
+//! [`ManifestStore`] remembers, for every file, the documents it had (a hash of each
+//! document's text) and the objects each defined, and for every object its definitions in
+//! path order (the first wins, later ones are reported as duplicates, as
+//! [`crate::load_directory`] does). Applying a re-read file re-parses only the documents
+//! whose text is new; unchanged documents keep their objects and only move (line and
+//! document number). The result of an apply is the list of objects whose winning
+//! definition changed: added, edited or gone. Objects are held compactly ([`Held`]: Pods
+//! as records of the fields the controller reads). A deleted file takes its objects with it, and
+//! an object that moves from one file to another is unchanged.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fs;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::held::Held;
+use crate::manifests::{
+    Assembler, FileContents, Loaded, ManifestError, ObjectRef, ParsedObject, Position, Unit, Work, is_json, parse_work,
+    push_work,
+};
+
+/// A 128-bit digest of a document's text (two keyed SipHash runs): telling "same text" from
+/// "different text" without keeping the text.
+type DocHash = (u64, u64);
+
+fn digest(text: &str) -> DocHash {
+    let mut first = DefaultHasher::new();
+    0u8.hash(&mut first);
+    text.hash(&mut first);
+    let mut second = DefaultHasher::new();
+    1u8.hash(&mut second);
+    text.hash(&mut second);
+    (first.finish(), second.finish())
+}
+
+/// One object whose winning definition changed: its new definition, or `None` when no file
+/// defines it any more.
+pub(crate) type ObjectChange = (ObjectRef, Option<Arc<Held>>);
+
+/// Where a definition stands in a complete read: file, document, object (see
+/// [`ManifestStore::order_of`]).
+pub(crate) type DefinitionOrder<'a> = (&'a Path, usize, usize);
+
+/// How much reading work the store did so far (for tests and benchmarks).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreCounters {
+    /// Files read from disk.
+    pub files_read: u64,
+    /// YAML documents (or whole JSON files) parsed.
+    pub documents_parsed: u64,
+}
+
+/// Every file's documents and every object's definitions; see the module documentation.
+#[derive(Debug, Default)]
+pub(crate) struct ManifestStore {
+    files: BTreeMap<Arc<Path>, FileRecord>,
+    definitions: HashMap<ObjectRef, Vec<Definition>>,
+    /// Objects with more than one definition.
+    duplicated: BTreeSet<ObjectRef>,
+    listing_errors: Vec<ManifestError>,
+    pub(crate) counters: StoreCounters,
+}
+
+#[derive(Debug, Default)]
+struct FileRecord {
+    /// Problems of the file as a whole (it could not be read).
+    errors: Vec<ManifestError>,
+    documents: Vec<DocumentRecord>,
+}
+
+#[derive(Debug)]
+struct DocumentRecord {
+    hash: Option<DocHash>,
+    /// The objects it defined, in order (index = `Definition::n`).
+    objects: Vec<ObjectRef>,
+    errors: Vec<ManifestError>,
+}
+
+impl DocumentRecord {
+    /// Documents with problems are parsed again (their messages carry line numbers).
+    fn reusable(&self) -> bool {
+        self.hash.is_some() && self.errors.is_empty()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Definition {
+    file: Arc<Path>,
+    document: usize,
+    n: usize,
+    position: Position,
+    object: Arc<Held>,
+}
+
+impl Definition {
+    fn order(&self) -> (&Path, usize, usize) {
+        (&self.file, self.document, self.n)
+    }
+}
+
+/// How a document of a re-read file is obtained.
+enum Source {
+    /// The same text as document `old` of the previous version.
+    Reused { old: usize, content_line: u64 },
+    /// Parsed: index into the parse results.
+    Parsed(usize),
+}
+
+impl ManifestStore {
+    /// Applies a scan: `changed` files are read again, `removed` ones forgotten. Returns the
+    /// objects whose winning definition changed, sorted.
+    pub(crate) fn apply(
+        &mut self,
+        changed: Vec<PathBuf>,
+        removed: Vec<PathBuf>,
+        listing_errors: Vec<ManifestError>,
+    ) -> Vec<ObjectChange> {
+        self.listing_errors = listing_errors;
+        let mut before: HashMap<ObjectRef, Option<Arc<Held>>> = HashMap::new();
+        for path in removed {
+            if let Some(record) = self.files.remove(path.as_path()) {
+                let path: Arc<Path> = Arc::from(path);
+                self.take_definitions(&path, &record, &mut before);
+            }
+        }
+
+        // Read every changed file, then decide document by document what to parse.
+        let paths: Vec<Arc<Path>> = changed.into_iter().map(Arc::from).collect();
+        let mut texts: Vec<Result<String, ManifestError>> = Vec::with_capacity(paths.len());
+        for path in &paths {
+            self.counters.files_read += 1;
+            texts.push(
+                fs::read_to_string(path)
+                    .map_err(|source| ManifestError::ReadFile { path: path.to_path_buf(), source: Arc::new(source) }),
+            );
+        }
+        let mut work: Vec<Work<'_>> = Vec::new();
+        let mut plans: Vec<Vec<(Option<DocHash>, Source)>> = Vec::with_capacity(paths.len());
+        for (file, (path, text)) in paths.iter().zip(&texts).enumerate() {
+            let mut plan = Vec::new();
+            if let Ok(text) = text {
+                if is_json(path) {
+                    plan.push((None, Source::Parsed(work.len())));
+                    push_work(&mut work, file, true, text);
+                } else {
+                    let old = self.files.get(path);
+                    // The reusable documents of the previous version by text, first ones first.
+                    let mut previous: HashMap<DocHash, VecDeque<usize>> = HashMap::new();
+                    for (i, candidate) in old.iter().flat_map(|record| record.documents.iter().enumerate()) {
+                        if let (true, Some(hash)) = (candidate.reusable(), candidate.hash) {
+                            previous.entry(hash).or_default().push_back(i);
+                        }
+                    }
+                    let start = work.len();
+                    push_work(&mut work, file, false, text);
+                    for (index, unit) in work.iter().enumerate().skip(start) {
+                        let Unit::Yaml { document, .. } = &unit.unit else { continue };
+                        let hash = digest(document.text);
+                        let reused = previous.get_mut(&hash).and_then(VecDeque::pop_front);
+                        let source = match reused {
+                            Some(old) => Source::Reused { old, content_line: document.content_line },
+                            None => Source::Parsed(index),
+                        };
+                        plan.push((Some(hash), source));
+                    }
+                }
+            }
+            plans.push(plan);
+        }
+        // Only the documents not reused are parsed (on several threads when there is much).
+        let needed: Vec<usize> = plans
+            .iter()
+            .flatten()
+            .filter_map(|(_, source)| match source {
+                Source::Parsed(index) => Some(*index),
+                Source::Reused { .. } => None,
+            })
+            .collect();
+        let selected: Vec<Work<'_>> =
+            needed.iter().map(|&index| Work { file: work[index].file, unit: work[index].unit }).collect();
+        self.counters.documents_parsed += selected.len() as u64;
+        let mut results: HashMap<usize, FileContents> = needed
+            .iter()
+            .copied()
+            .zip(parse_work(&selected, &paths).into_iter().map(|(_, contents)| contents))
+            .collect();
+
+        for ((path, text), plan) in paths.iter().zip(texts.iter()).zip(plans) {
+            let old = self.files.remove(path).unwrap_or_default();
+            let mut old_definitions = self.take_definitions(path, &old, &mut before);
+            let mut record = FileRecord::default();
+            if let Err(error) = text {
+                record.errors.push(error.clone());
+            }
+            let numbered = plan.len() > 1;
+            for (index, (hash, source)) in plan.into_iter().enumerate() {
+                let document_number = numbered.then_some(index + 1);
+                let mut objects = Vec::new();
+                let mut errors = Vec::new();
+                match source {
+                    Source::Reused { old: old_index, content_line } => {
+                        for mut definition in std::mem::take(&mut old_definitions[old_index]) {
+                            definition.document = index;
+                            definition.position.document = document_number;
+                            if definition.position.item.is_none() {
+                                definition.position.line = Some(content_line);
+                            }
+                            let reference = old.documents[old_index].objects[definition.n].clone();
+                            objects.push(reference.clone());
+                            self.insert(reference, definition);
+                        }
+                    }
+                    Source::Parsed(work_index) => {
+                        let contents = results.remove(&work_index).unwrap_or_default();
+                        errors = contents.errors;
+                        for (n, ParsedObject { object, position }) in contents.objects.into_iter().enumerate() {
+                            let reference = object.reference();
+                            before.entry(reference.clone()).or_insert_with(|| winner(&self.definitions, &reference));
+                            objects.push(reference.clone());
+                            let definition = Definition {
+                                file: Arc::clone(path),
+                                document: index,
+                                n,
+                                position,
+                                object: Arc::new(Held::new(object)),
+                            };
+                            self.insert(reference, definition);
+                        }
+                    }
+                }
+                record.documents.push(DocumentRecord { hash, objects, errors });
+            }
+            self.files.insert(Arc::clone(path), record);
+        }
+
+        let mut changes: Vec<ObjectChange> = before
+            .into_iter()
+            .filter_map(|(reference, old)| {
+                let new = winner(&self.definitions, &reference);
+                let same = match (&old, &new) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+                    _ => false,
+                };
+                (!same).then_some((reference, new))
+            })
+            .collect();
+        changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        changes
+    }
+
+    /// Removes every definition `record` (of file `path`) made, remembering each object's
+    /// winner before; returns the definitions by document.
+    fn take_definitions(
+        &mut self,
+        path: &Arc<Path>,
+        record: &FileRecord,
+        before: &mut HashMap<ObjectRef, Option<Arc<Held>>>,
+    ) -> Vec<Vec<Definition>> {
+        let mut taken = Vec::with_capacity(record.documents.len());
+        for (index, document) in record.documents.iter().enumerate() {
+            let mut definitions = Vec::with_capacity(document.objects.len());
+            for (n, reference) in document.objects.iter().enumerate() {
+                before.entry(reference.clone()).or_insert_with(|| winner(&self.definitions, reference));
+                let Some(list) = self.definitions.get_mut(reference) else { continue };
+                if let Some(at) = list.iter().position(|d| *d.file == **path && d.document == index && d.n == n) {
+                    definitions.push(list.remove(at));
+                }
+                match list.len() {
+                    0 => {
+                        self.definitions.remove(reference);
+                        self.duplicated.remove(reference);
+                    }
+                    1 => {
+                        self.duplicated.remove(reference);
+                    }
+                    _ => {}
+                }
+            }
+            taken.push(definitions);
+        }
+        taken
+    }
+
+    fn insert(&mut self, reference: ObjectRef, definition: Definition) {
+        let list = self.definitions.entry(reference.clone()).or_default();
+        let at = list.partition_point(|d| d.order() < definition.order());
+        list.insert(at, definition);
+        if list.len() > 1 {
+            self.duplicated.insert(reference);
+        }
+    }
+
+    /// Every problem: listing, then file by file in path order (the file's own problems,
+    /// then its duplicate definitions).
+    pub(crate) fn errors(&self) -> Vec<ManifestError> {
+        let mut duplicates: HashMap<&Path, Vec<(usize, usize, ManifestError)>> = HashMap::new();
+        for reference in &self.duplicated {
+            let Some(list) = self.definitions.get(reference) else { continue };
+            let Some((first, later)) = list.split_first() else { continue };
+            for definition in later {
+                let error = ManifestError::DuplicateObject {
+                    position: definition.position.clone(),
+                    object: reference.clone(),
+                    first: first.position.clone(),
+                };
+                duplicates.entry(&definition.file).or_default().push((definition.document, definition.n, error));
+            }
+        }
+        let mut errors = self.listing_errors.clone();
+        for (path, record) in &self.files {
+            errors.extend(record.errors.iter().cloned());
+            for document in &record.documents {
+                errors.extend(document.errors.iter().cloned());
+            }
+            if let Some(mut found) = duplicates.remove(&**path) {
+                found.sort_unstable_by_key(|(document, n, _)| (*document, *n));
+                errors.extend(found.into_iter().map(|(_, _, error)| error));
+            }
+        }
+        errors
+    }
+
+    /// Where the winning definition of `object` stands in a complete read: file (in path
+    /// order), document, object. A complete read hands the controller its objects in this
+    /// order, and the allocator settles conflicting requests (two Services asking for the
+    /// same ClusterIP) by it, so an incremental caller must too.
+    pub(crate) fn order_of(&self, object: &ObjectRef) -> Option<DefinitionOrder<'_>> {
+        self.definitions.get(object).and_then(|list| list.first()).map(Definition::order)
+    }
+
+    /// Where the winning definition of `object` is.
+    pub(crate) fn position_of(&self, object: &ObjectRef) -> Option<&Position> {
+        self.definitions.get(object).and_then(|list| list.first()).map(|d| &d.position)
+    }
+
+    /// The whole state as one complete load (objects in path, then document order), as
+    /// [`crate::load_directory`] returns it.
+    pub(crate) fn loaded(&self) -> Loaded {
+        let mut assembler = Assembler::default();
+        for (path, record) in &self.files {
+            for (index, document) in record.documents.iter().enumerate() {
+                for (n, reference) in document.objects.iter().enumerate() {
+                    let Some(first) = self.definitions.get(reference).and_then(|list| list.first()) else { continue };
+                    if *first.file == **path && first.document == index && first.n == n {
+                        assembler.add_object(ParsedObject {
+                            object: first.object.to_object(),
+                            position: first.position.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        let mut loaded = assembler.finish();
+        loaded.errors = self.errors();
+        loaded
+    }
+}
+
+fn winner(definitions: &HashMap<ObjectRef, Vec<Definition>>, reference: &ObjectRef) -> Option<Arc<Held>> {
+    definitions.get(reference).and_then(|list| list.first()).map(|d| Arc::clone(&d.object))
+}
