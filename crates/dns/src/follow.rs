@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use svcplane_core::discovery::ClusterView;
 use tracing::info;
 
-use crate::server::SharedZone;
+use crate::handler::SharedZone;
 use crate::zone::{Zone, ZoneConfig};
 
 /// Builds and publishes a zone for every view `views` delivers (of views queued meanwhile,

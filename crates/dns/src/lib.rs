@@ -10,9 +10,10 @@
 //!   snapshot, REFUSED / NOTIMP / FORMERR for what it does not serve, or "forward upstream").
 //!   [`respond_to_wire`] is the same on bytes, for the fuzz target and property tests.
 //! - With the `server` feature (default): [`server`] serves UDP with [`udp`]'s workers
-//!   (answers cached, encoded, per zone snapshot) and TCP with hickory-server's loop, over a
-//!   [`SharedZone`] swapped atomically on every change, and [`forward`] sends names outside
-//!   the zone to the upstream resolvers it is given.
+//!   (answers cached, encoded, per zone snapshot) and TCP with hickory-server's loop, both
+//!   deciding each answer through [`handler`] over a [`SharedZone`] swapped atomically on
+//!   every change, and [`forward`] sends names outside the zone to the upstream resolvers it
+//!   is given.
 //! - [`metrics`]: CoreDNS's request metrics (`coredns_dns_*`), counted with atomics in fixed
 //!   arrays on the hot path, written in the Prometheus text format. Serving them over HTTP is
 //!   the binary's job.
@@ -34,6 +35,8 @@ pub mod follow;
 #[cfg(feature = "server")]
 pub mod forward;
 #[cfg(feature = "server")]
+pub mod handler;
+#[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "server")]
 pub mod udp;
@@ -51,7 +54,9 @@ pub use follow::{follow_views, next_serial};
 #[cfg(feature = "server")]
 pub use forward::{DEFAULT_FORWARD_TIMEOUT, ForwardError, Forwarder};
 #[cfg(feature = "server")]
-pub use server::{DnsServer, Handler, SharedZone};
+pub use handler::{Handler, SharedZone};
+#[cfg(feature = "server")]
+pub use server::DnsServer;
 
 /// Re-exported so users of [`Outcome`] and [`Reply`] name the same record types.
 pub use hickory_proto;

@@ -11,7 +11,7 @@
 //!
 //! Answers that need the upstream resolvers (forwarded names, CNAMEs chased out of the zone)
 //! are never cached and are finished on a task of their own, so a slow upstream never holds
-//! up the loop. TCP stays on hickory's loop ([`crate::server`]).
+//! up the loop. TCP stays on hickory's loop (in the `server` module).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,8 +24,8 @@ use tokio::net::UdpSocket;
 use tracing::debug;
 
 use crate::answer::{Inquiry, Reply};
+use crate::handler::{Decided, Handler};
 use crate::metrics::{Proto, Source};
-use crate::server::{Decided, Handler};
 use crate::wire::{encode, response_edns};
 use crate::zone::Zone;
 
