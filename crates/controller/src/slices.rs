@@ -62,17 +62,8 @@ pub fn plan_slices(
     pods: &[Pod],
     nodes: Option<&[Node]>,
 ) -> Result<Vec<EndpointSlice>, ControllerError> {
-    let Some(target) = Target::of(service)? else { return Ok(Vec::new()) };
-    let zones = Zones::new(nodes.unwrap_or_default());
-    let selected: Vec<&Pod> = pods
-        .iter()
-        .filter(|pod| {
-            namespace_of(&pod.metadata) == target.key.namespace
-                && is_endpoint_candidate(pod)
-                && has_labels(pod, target.selector)
-        })
-        .collect();
-    Ok(target.slices(&selected, &zones))
+    let candidates: Vec<&Pod> = pods.iter().collect();
+    plan_slices_from(service, &candidates, nodes.unwrap_or_default())
 }
 
 /// The same as [`plan_slices`] over Pods the caller already narrowed down (for an
