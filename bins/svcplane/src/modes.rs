@@ -115,9 +115,10 @@ pub fn uses_kernel_conntrack(mode: Mode) -> bool {
         Mode::Nftables | Mode::Iptables => true,
         // Socket-level balancing makes no conntrack entry for the Service hop.
         Mode::Ebpf => false,
-        // IPVS keeps its own connection table; stale UDP entries there expire with
-        // --ipvs-udp-timeout (upstream also removes them; not done yet).
-        Mode::Ipvs => false,
+        // IPVS schedules in its own connection table, but with `vs/conntrack=1` every
+        // packet still gets a conntrack entry: a UDP flow that went elsewhere before its
+        // Service existed keeps its entry, and the kernel keeps sending it there.
+        Mode::Ipvs => true,
         // The redirect to the relay is a kernel DNAT: a UDP flow that went elsewhere
         // before its Service had a listener keeps doing so until its entry goes.
         Mode::Userspace => true,
