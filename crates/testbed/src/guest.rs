@@ -226,7 +226,7 @@ impl GuestRun {
             if !self.stdout.lines().any(|line| line.trim_end() == ok) {
                 let seen = self.stdout.lines().find(|line| line.starts_with(&format!("test {test} ... ")));
                 problems.push(match seen {
-                    Some(line) => format!("{test}: `{line}`"),
+                    Some(line) => format!("{test}: `{line}`{}", panic_of(&self.stderr, test)),
                     None => format!("{test}: did not run in the guest"),
                 });
             }
@@ -241,6 +241,19 @@ impl GuestRun {
             last_lines(&self.stdout, 60),
             last_lines(&self.stderr, 60)
         ))
+    }
+}
+
+/// The start of `test`'s panic message in the guest's stderr (the guest runs its tests
+/// with `--nocapture`, so the message is there and not in the harness's summary), for the
+/// failure to say why first: the last lines of a parallel run often belong to other tests.
+fn panic_of(stderr: &str, test: &str) -> String {
+    const LINES: usize = 12;
+    let thread = format!("thread '{test}'");
+    let lines: Vec<&str> = stderr.lines().collect();
+    match lines.iter().position(|line| line.starts_with(&thread) && line.contains("panicked at")) {
+        Some(at) => format!("\n{}", lines[at..lines.len().min(at + LINES)].join("\n")),
+        None => String::new(),
     }
 }
 
@@ -292,6 +305,20 @@ mod tests {
         assert!(missing.starts_with("b: did not run in the guest"), "{missing}");
         let failed = run(101, "test a ... FAILED\ntest b ... ok\n").check_tests_passed(&["a", "b"]).unwrap_err();
         assert!(failed.contains("exited with") && failed.contains("a: `test a ... FAILED`"), "{failed}");
+    }
+
+    #[test]
+    fn a_failed_test_is_reported_with_the_start_of_its_panic_message() {
+        let mut failed = run(101, "test a ... FAILED\ntest b ... ok\n");
+        failed.stderr = format!(
+            "ok: a row of b\nthread 'a' (173) panicked at tests/real.rs:8:9:\n1 of 2 rows failed\n- row x: why\n{}{}",
+            "later output\n".repeat(100),
+            failed.stderr
+        );
+        let report = failed.check_tests_passed(&["a", "b"]).unwrap_err();
+        let (first, _) = report.split_once("(timing:").expect("the timing follows the problems");
+        assert!(first.contains("panicked at tests/real.rs:8:9:\n1 of 2 rows failed\n- row x: why"), "{report}");
+        assert!(!first.contains("ok: a row of b"), "{report}");
     }
 
     #[test]
