@@ -432,19 +432,36 @@ fn expect_health(cluster: &Cluster, probe: &Probe, local_endpoints: usize) -> Re
     Ok((format!("{status} {body}"), Seen::Health { local_endpoints: answered }))
 }
 
+/// A source port no earlier affinity request of this process used: with a kernel-chosen
+/// port a client now and then re-used the port of a request made before the timeout,
+/// whose flow (a conntrack entry, the relay's UDP session) still led to the old endpoint,
+/// and the row saw a client "move" after the timeout that had in fact not picked afresh.
+fn affinity_source_port() -> u16 {
+    // Between the mutating rows' fixed ports (from 20000) and the ephemeral range (32768).
+    const FIRST: u16 = 21000;
+    const LAST: u16 = 32000;
+    static NEXT: AtomicU16 = AtomicU16::new(FIRST);
+    let port = NEXT.fetch_add(1, Ordering::Relaxed);
+    if port >= LAST {
+        NEXT.store(FIRST, Ordering::Relaxed);
+    }
+    port.clamp(FIRST, LAST)
+}
+
 /// One request from each of `sources` (client 1's affinity addresses), all inside one
-/// visit of the namespace: pod names in order.
+/// visit of the namespace, each from a port of its own: pod names in order.
 fn round_from(probe: &Probe, cluster: &Cluster, sources: &[IpAddr]) -> Result<Vec<String>, String> {
     let target = probe.target();
     let protocol = probe.row.protocol;
-    let sources = sources.to_vec();
+    let sources: Vec<SocketAddr> =
+        sources.iter().map(|source| SocketAddr::new(*source, affinity_source_port())).collect();
     cluster
         .lab()
         .run_in(&probe.namespace, move || {
             sources
                 .iter()
                 .map(|source| {
-                    net::request_here(protocol, target, Some(SocketAddr::new(*source, 0)), ANSWER_TIMEOUT)
+                    net::request_here(protocol, target, Some(*source), ANSWER_TIMEOUT)
                         .map(|reply| reply.server_name)
                         .map_err(|error| format!("request from {source}: {error}"))
                 })
