@@ -448,30 +448,71 @@ fn affinity_source_port() -> u16 {
     port.clamp(FIRST, LAST)
 }
 
+/// One round of affinity requests: the answering pod of each client, and when each answer came.
+struct Round {
+    names: Vec<String>,
+    answered_at: Vec<Instant>,
+}
+
+impl Round {
+    /// The longest any client went between its answer at `earlier` and its answer here:
+    /// above the affinity timeout, a client may lawfully pick afresh.
+    fn longest_gap_since(&self, earlier: &[Instant]) -> Duration {
+        self.answered_at.iter().zip(earlier).map(|(now, then)| now.duration_since(*then)).max().unwrap_or_default()
+    }
+}
+
 /// One request from each of `sources` (client 1's affinity addresses), all inside one
-/// visit of the namespace, each from a port of its own: pod names in order.
-fn round_from(probe: &Probe, cluster: &Cluster, sources: &[IpAddr]) -> Result<Vec<String>, String> {
+/// visit of the namespace, each from a port of its own.
+fn round_from(probe: &Probe, cluster: &Cluster, sources: &[IpAddr]) -> Result<Round, String> {
     let target = probe.target();
     let protocol = probe.row.protocol;
     let sources: Vec<SocketAddr> =
         sources.iter().map(|source| SocketAddr::new(*source, affinity_source_port())).collect();
-    cluster
+    let answers = cluster
         .lab()
         .run_in(&probe.namespace, move || {
             sources
                 .iter()
                 .map(|source| {
                     net::request_here(protocol, target, Some(*source), ANSWER_TIMEOUT)
-                        .map(|reply| reply.server_name)
+                        .map(|reply| (reply.server_name, Instant::now()))
                         .map_err(|error| format!("request from {source}: {error}"))
                 })
-                .collect::<Result<Vec<String>, String>>()
+                .collect::<Result<Vec<(String, Instant)>, String>>()
         })
-        .map_err(|error| error.to_string())?
+        .map_err(|error| error.to_string())??;
+    let (names, answered_at) = answers.into_iter().unzip();
+    Ok(Round { names, answered_at })
 }
 
 fn affinity_timeout() -> Duration {
     Duration::from_secs(u64::from(manifests::AFFINITY_TIMEOUT_SECONDS))
+}
+
+/// A client's requests closer together than this keep its affinity beyond doubt; a slower
+/// round (a loaded machine) makes the attempt inconclusive, and it is made again.
+fn conclusive_gap() -> Duration {
+    affinity_timeout() * 3 / 4
+}
+
+/// How an affinity row's attempt ended: a verdict, or too slow to tell.
+enum Attempt {
+    Verdict(Result<(String, Seen), String>),
+    Inconclusive(String),
+}
+
+/// Runs an affinity check until it reaches a verdict, at most three times: only a
+/// machine too loaded to keep a client's requests within the timeout makes it retry.
+fn until_conclusive(mut attempt: impl FnMut() -> Result<Attempt, String>) -> Result<(String, Seen), String> {
+    let mut why = Vec::new();
+    for _ in 0..3 {
+        match attempt()? {
+            Attempt::Verdict(verdict) => return verdict,
+            Attempt::Inconclusive(reason) => why.push(reason),
+        }
+    }
+    Err(format!("three attempts were inconclusive: {}", why.join("; ")))
 }
 
 fn check_by(by: &[&str], names: &[String]) -> Result<(), String> {
@@ -482,83 +523,115 @@ fn check_by(by: &[&str], names: &[String]) -> Result<(), String> {
 }
 
 fn expect_sticky_then_fresh(cluster: &Cluster, probe: &Probe, by: &[&str]) -> Result<(String, Seen), String> {
+    until_conclusive(|| sticky_then_fresh(cluster, probe, by))
+}
+
+fn sticky_then_fresh(cluster: &Cluster, probe: &Probe, by: &[&str]) -> Result<Attempt, String> {
     let sources = manifests::affinity_client_ips(probe.row.family);
     let started = Instant::now();
     let sticky = round_from(probe, cluster, &sources)?;
-    check_by(by, &sticky)?;
+    check_by(by, &sticky.names)?;
+    let mut previous = sticky.answered_at.clone();
     for _ in 0..3 {
         let again = round_from(probe, cluster, &sources)?;
-        for ((source, first), now) in sources.iter().zip(&sticky).zip(&again) {
+        let gap = again.longest_gap_since(&previous);
+        if gap >= conclusive_gap() {
+            return Ok(Attempt::Inconclusive(format!(
+                "a client waited {gap:?} between two requests of the sticky phase"
+            )));
+        }
+        for ((source, first), now) in sources.iter().zip(&sticky.names).zip(&again.names) {
             if first != now {
-                return Err(format!(
-                    "client {source} moved from {first} to {now} {:?} after its first pick, within the {}s timeout",
+                return Ok(Attempt::Verdict(Err(format!(
+                    "client {source} moved from {first} to {now} {:?} after its first pick, its requests at most {gap:?} apart, within the {}s timeout",
                     started.elapsed(),
                     manifests::AFFINITY_TIMEOUT_SECONDS
-                ));
+                ))));
             }
         }
-    }
-    let sticky_for = started.elapsed();
-    if sticky_for >= affinity_timeout() {
-        return Err(format!("the sticky phase took {sticky_for:?}, longer than the timeout: inconclusive"));
+        previous = again.answered_at;
     }
     std::thread::sleep(affinity_timeout() + Duration::from_millis(1500));
     let fresh = round_from(probe, cluster, &sources)?;
-    check_by(by, &fresh)?;
+    check_by(by, &fresh.names)?;
+    let mut previous = fresh.answered_at.clone();
     for _ in 0..2 {
         let again = round_from(probe, cluster, &sources)?;
-        for ((source, first), now) in sources.iter().zip(&fresh).zip(&again) {
+        let gap = again.longest_gap_since(&previous);
+        if gap >= conclusive_gap() {
+            return Ok(Attempt::Inconclusive(format!(
+                "a client waited {gap:?} between two requests after the timeout"
+            )));
+        }
+        for ((source, first), now) in sources.iter().zip(&fresh.names).zip(&again.names) {
             if first != now {
-                return Err(format!("after the timeout, client {source} picked {first} but then moved to {now}"));
+                return Ok(Attempt::Verdict(Err(format!(
+                    "after the timeout, client {source} picked {first} but then moved to {now}"
+                ))));
             }
         }
+        previous = again.answered_at;
     }
-    let moved = sticky.iter().zip(&fresh).filter(|(a, b)| a != b).count();
+    let moved = sticky.names.iter().zip(&fresh.names).filter(|(a, b)| a != b).count();
     if moved == 0 {
-        return Err(format!(
-            "after {:?} of silence all {} clients were still on their endpoints {sticky:?}: the affinity did not expire",
+        return Ok(Attempt::Verdict(Err(format!(
+            "after {:?} of silence all {} clients were still on their endpoints {:?}: the affinity did not expire",
             affinity_timeout() + Duration::from_millis(1500),
-            sources.len()
-        ));
+            sources.len(),
+            sticky.names
+        ))));
     }
-    let pods = sticky.iter().chain(&fresh).cloned().collect();
-    Ok((format!("{} clients sticky within the timeout, {moved} moved after it", sources.len()), Seen::Sticky { pods }))
+    let pods = sticky.names.iter().chain(&fresh.names).cloned().collect();
+    Ok(Attempt::Verdict(Ok((
+        format!("{} clients sticky within the timeout, {moved} moved after it", sources.len()),
+        Seen::Sticky { pods },
+    ))))
 }
 
 fn expect_sticky_while_talking(cluster: &Cluster, probe: &Probe, by: &[&str]) -> Result<(String, Seen), String> {
+    until_conclusive(|| sticky_while_talking(cluster, probe, by))
+}
+
+fn sticky_while_talking(cluster: &Cluster, probe: &Probe, by: &[&str]) -> Result<Attempt, String> {
     let sources = manifests::affinity_client_ips(probe.row.family);
     let started = Instant::now();
     let first = round_from(probe, cluster, &sources)?;
-    check_by(by, &first)?;
+    check_by(by, &first.names)?;
     let talk_for = affinity_timeout() * 2 + Duration::from_millis(500);
     let mut rounds = 1;
+    let mut previous = first.answered_at.clone();
     while started.elapsed() < talk_for {
         std::thread::sleep(Duration::from_millis(500));
         let now = round_from(probe, cluster, &sources)?;
         rounds += 1;
+        let gap = now.longest_gap_since(&previous);
+        if gap >= conclusive_gap() {
+            return Ok(Attempt::Inconclusive(format!("a client waited {gap:?} between two requests")));
+        }
         let moved: Vec<String> = sources
             .iter()
-            .zip(&first)
-            .zip(&now)
+            .zip(&first.names)
+            .zip(&now.names)
             .filter(|((_, a), b)| a != b)
             .map(|((source, a), b)| format!("{source}: {a} -> {b}"))
             .collect();
         if !moved.is_empty() {
-            return Err(format!(
-                "{} of {} clients moved {:?} after their first pick although each made a request every 500 ms \
-                 (timeout {}s): the affinity is not renewed by use: {moved:?}",
+            return Ok(Attempt::Verdict(Err(format!(
+                "{} of {} clients moved {:?} after their first pick although each made a request at most {gap:?} \
+                 after its last (timeout {}s): the affinity is not renewed by use: {moved:?}",
                 moved.len(),
                 sources.len(),
                 started.elapsed(),
                 manifests::AFFINITY_TIMEOUT_SECONDS
-            ));
+            ))));
         }
+        previous = now.answered_at;
     }
-    let pods = first.iter().cloned().collect();
-    Ok((
+    let pods = first.names.iter().cloned().collect();
+    Ok(Attempt::Verdict(Ok((
         format!("{} clients kept their endpoints for {rounds} rounds over {:?}", sources.len(), started.elapsed()),
         Seen::Sticky { pods },
-    ))
+    ))))
 }
 
 /// Source ports for rows that re-use one: unique across every row of the test process.
