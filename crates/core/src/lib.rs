@@ -14,6 +14,7 @@ pub mod explain;
 pub mod model;
 pub mod plan;
 pub mod selection;
+pub mod sorted;
 pub mod state;
 
 pub use dataplane::{Dataplane, DataplaneError, RuleCount, SyncReport, TableUsage};

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use crate::model::{Endpoint, EndpointSlice, NamespacedName, Node, Service, ServicePortName};
+use crate::sorted::SortedVec;
 
 /// One observed change of cluster state.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,7 +45,7 @@ pub struct ServiceEndpoint {
 pub struct ClusterState {
     services: BTreeMap<NamespacedName, Service>,
     slices: BTreeMap<NamespacedName, EndpointSlice>,
-    slices_by_service: BTreeMap<NamespacedName, BTreeSet<NamespacedName>>,
+    slices_by_service: BTreeMap<NamespacedName, SortedVec<NamespacedName>>,
     nodes: BTreeMap<String, Node>,
     pending: Changes,
 }

@@ -1,0 +1,134 @@
+//! How many heap bytes the core's model holds at a fixed size: the cluster state and the
+//! node plan of S ClusterIP Services x E endpoints (one EndpointSlice each, endpoints on
+//! another node), counted by a global allocator that tracks live bytes and allocations.
+//!
+//!     cargo run --release -p svcplane-core --example plan_memory -- [SERVICES] [ENDPOINTS]
+
+// A counting global allocator is the one way to see live heap bytes without a profiler.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use svcplane_core::model::{
+    Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, Protocol, Service, ServicePort,
+};
+use svcplane_core::plan::{NodeConfig, NodePlan};
+use svcplane_core::state::{Change, ClusterState};
+
+struct Counting;
+
+static BYTES: AtomicIsize = AtomicIsize::new(0);
+static BLOCKS: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call is passed on to the system allocator unchanged; only counted.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        BLOCKS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        BLOCKS.fetch_sub(1, Ordering::Relaxed);
+        // SAFETY: ptr came from alloc with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn live() -> (isize, isize) {
+    (BYTES.load(Ordering::Relaxed), BLOCKS.load(Ordering::Relaxed))
+}
+
+fn report(what: &str, before: (isize, isize), after: (isize, isize), services: usize, endpoints: usize) {
+    let bytes = after.0 - before.0;
+    let blocks = after.1 - before.1;
+    println!(
+        "{what}: {:.1} MiB in {blocks} allocations ({} bytes per Service, {} per endpoint)",
+        bytes as f64 / 1048576.0,
+        bytes / services as isize,
+        bytes / (services * endpoints) as isize
+    );
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let services: usize = args.next().map_or(10_000, |a| a.parse().expect("SERVICES is a number"));
+    let endpoints: usize = args.next().map_or(10, |a| a.parse().expect("ENDPOINTS is a number"));
+    println!(
+        "sizes: Endpoint {} B, EndpointSlice {} B, Service {} B, ServicePortPlan {} B",
+        size_of::<Endpoint>(),
+        size_of::<EndpointSlice>(),
+        size_of::<Service>(),
+        size_of::<svcplane_core::plan::ServicePortPlan>()
+    );
+    let start = live();
+    let mut state = ClusterState::new();
+    for s in 0..services {
+        let name = NamespacedName::new("bench", format!("svc-{s}"));
+        let ip = IpAddr::V4(Ipv4Addr::new(198, 19, (s / 250) as u8, (s % 250) as u8 + 1));
+        state.apply(Change::ServiceUpserted(Service::cluster_ip(
+            name.clone(),
+            vec![ip],
+            vec![ServicePort { name: "http".into(), protocol: Protocol::Tcp, port: 80, node_port: None }],
+        )));
+        let slice = EndpointSlice {
+            last_change_trigger: None,
+            name: NamespacedName::new("bench", format!("svc-{s}-slice")),
+            service: name,
+            family: IpFamily::V4,
+            ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
+            endpoints: (0..endpoints)
+                .map(|e| {
+                    let n = s * endpoints + e;
+                    let address = IpAddr::V4(Ipv4Addr::new(198, 18, 128 + (n >> 16) as u8, (n >> 8) as u8));
+                    let address = match address {
+                        IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) | (n as u32 & 0xff))),
+                        other => other,
+                    };
+                    Endpoint::ready(address, Some("node2"))
+                })
+                .collect(),
+        };
+        state.apply(Change::SliceUpserted(slice));
+    }
+    let changes = state.take_changes();
+    drop(changes);
+    let after_state = live();
+    report("cluster state", start, after_state, services, endpoints);
+    let config = NodeConfig {
+        node_name: "node1".into(),
+        node_ips: vec!["198.18.0.11".parse().unwrap()],
+        cluster_cidrs: vec!["198.18.128.0/17".parse().unwrap()],
+        ..NodeConfig::default()
+    };
+    let plan = NodePlan::build(&state, config);
+    let after_plan = live();
+    report("node plan", after_state, after_plan, services, endpoints);
+    println!("service ports planned: {}", plan.service_ports.len());
+    let mut waste = 0usize;
+    let mut endpoint_bytes = 0usize;
+    let mut routes = 0usize;
+    for port in plan.service_ports.values() {
+        for list in [&port.cluster_endpoints, &port.local_endpoints, &port.serving_endpoints] {
+            waste += (list.capacity() - list.len()) * size_of::<std::net::SocketAddr>();
+            endpoint_bytes += list.capacity() * size_of::<std::net::SocketAddr>();
+        }
+        for frontend in &port.frontends {
+            routes += frontend.routes.len();
+        }
+    }
+    println!(
+        "endpoint lists: {:.1} MiB ({:.1} MiB unused capacity); {routes} routes",
+        endpoint_bytes as f64 / 1048576.0,
+        waste as f64 / 1048576.0
+    );
+    drop(plan);
+    drop(state);
+}
