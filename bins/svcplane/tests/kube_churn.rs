@@ -17,6 +17,12 @@
 //! propagation p50 / p99 / max, changes never seen within the limit, the API's own write
 //! latency (so a slow API server shows), and the proxy's peak RSS.
 //!
+//! The floor, in the same run: a bare watch on the EndpointSlices, opened by the harness
+//! itself before the churn, stamps when the API server delivers each change to a client.
+//! No proxy can program a change before it has been told of it, so *after delivery* (the
+//! kernel's stamp less the delivery stamp of the same change) is what the proxy itself
+//! adds: its own watch's decoding, planning, rendering and the kernel's commit.
+//!
 //! Proxies: kube-proxy v1.36 `--proxy-mode=nftables` with its defaults (at most one sync a
 //! second), the same with `--iptables-min-sync-period=0s` (its floor for nftables mode),
 //! and `svcplane proxy` (nftables mode over netlink) with its defaults (also at most one
@@ -37,9 +43,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
 use kube_support::bench::{
     ENDPOINTS_PER_SERVICE, bulk_service, create_bulk, peak_rss_kib, until_answered, upstream_kube_proxy_args,
 };
@@ -111,6 +118,10 @@ struct Measured {
     unseen: usize,
     /// The API server's answer time for each change, sorted.
     api_write: Vec<Duration>,
+    /// From sending each change to a bare watch receiving it, sorted: the floor.
+    delivery: Vec<Duration>,
+    /// From that delivery to the kernel's change, for each change seen by both, sorted.
+    after_delivery: Vec<Duration>,
     sent_over: Duration,
     peak_rss_kib: Option<u64>,
     /// Notifications the kernel dropped because the subscription's buffer was full.
@@ -276,15 +287,64 @@ fn not_ready_patch(index: usize, slot: usize) -> serde_json::Value {
     serde_json::json!({ "endpoints": endpoints })
 }
 
+/// The Service index of a bulk slice's name (`svc-NNNNN-1`).
+fn service_of_slice(name: &str) -> Option<usize> {
+    name.strip_prefix("svc-")?.strip_suffix("-1")?.parse().ok()
+}
+
+/// What one run of the churn sent and saw.
+struct Sent {
+    /// When each change (by Service index) was sent.
+    at: HashMap<usize, Instant>,
+    /// How long the API server took to answer each, unsorted.
+    answered: Vec<Duration>,
+    /// When the harness's own watch received each change.
+    delivered: HashMap<usize, Instant>,
+    over: Duration,
+}
+
+/// Watches the EndpointSlices from now on and stamps the first change of each bulk slice
+/// it receives, until it has `wanted` of them or `limit` has passed.
+async fn stamp_deliveries(
+    slices: Api<EndpointSlice>,
+    wanted: usize,
+    limit: Duration,
+) -> impl Future<Output = HashMap<usize, Instant>> {
+    let now = slices.list_metadata(&ListParams::default().limit(1)).await.expect("the slices' resourceVersion");
+    let version = now.metadata.resource_version.expect("a list has a resourceVersion");
+    let stream = slices.watch(&WatchParams::default().timeout(290), &version).await.expect("watching the slices");
+    async move {
+        let mut stream = stream.boxed();
+        let mut delivered = HashMap::with_capacity(wanted);
+        let deadline = tokio::time::Instant::now() + limit;
+        while delivered.len() < wanted {
+            match tokio::time::timeout_at(deadline, stream.try_next()).await {
+                Ok(Ok(Some(WatchEvent::Modified(slice)))) => {
+                    let seen = Instant::now();
+                    if let Some(index) = slice.metadata.name.as_deref().and_then(service_of_slice) {
+                        delivered.entry(index).or_insert(seen);
+                    }
+                }
+                Ok(Ok(Some(_))) => {}
+                Ok(Ok(None)) | Ok(Err(_)) | Err(_) => break,
+            }
+        }
+        delivered
+    }
+}
+
 /// Sends the churn of run `slot`: `churn.per_second` changes a second for `churn.seconds`,
 /// change `j` to Service `j`. Every run changes the same Services in the same order. Each change is its own request, started on its tick whether or
-/// not earlier ones have been answered. Returns when each was sent and how long the API
-/// server took to answer it.
-fn send_churn(kube: &KubeLab, churn: Churn, slot: usize) -> (HashMap<usize, Instant>, Vec<Duration>, Duration) {
+/// not earlier ones have been answered. A watch of the harness's own stamps each change's
+/// delivery meanwhile.
+fn send_churn(kube: &KubeLab, churn: Churn, slot: usize) -> Sent {
     let client = kube.client.client();
     let started = Instant::now();
-    let (sent, answered) = kube.client.run(async move {
+    let (sent, answered, delivered) = kube.client.run(async move {
         let slices = Api::<EndpointSlice>::namespaced(client, "default");
+        let deliveries = tokio::spawn(
+            stamp_deliveries(slices.clone(), churn.changes(), churn.limit + Duration::from_secs(churn.seconds)).await,
+        );
         let mut tick = tokio::time::interval(Duration::from_secs(1) / u32::try_from(churn.per_second).unwrap());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let mut tasks = Vec::with_capacity(churn.changes());
@@ -310,9 +370,10 @@ fn send_churn(kube: &KubeLab, churn: Churn, slot: usize) -> (HashMap<usize, Inst
             sent.insert(index, at);
             answered.push(took);
         }
-        (sent, answered)
+        let delivered = deliveries.await.expect("the delivery stamps");
+        (sent, answered, delivered)
     });
-    (sent, answered, started.elapsed())
+    Sent { at: sent, answered, delivered, over: started.elapsed() }
 }
 
 fn run_proxy(kube: &KubeLab, proxy: Proxy, churn: Churn, slot: usize, target: SocketAddr) -> Measured {
@@ -328,7 +389,7 @@ fn run_proxy(kube: &KubeLab, proxy: Proxy, churn: Churn, slot: usize, target: So
     }
     std::thread::sleep(SETTLE);
     let monitor = KernelMonitor::start(&namespace);
-    let (sent, mut api_write, sent_over) = send_churn(kube, churn, slot);
+    let Sent { at: sent, answered: mut api_write, delivered, over: sent_over } = send_churn(kube, churn, slot);
     let deadline = Instant::now() + churn.limit;
     let mut first_change = monitor.first_change_after(&sent);
     while first_change.len() < sent.len() && Instant::now() < deadline {
@@ -346,6 +407,16 @@ fn run_proxy(kube: &KubeLab, proxy: Proxy, churn: Churn, slot: usize, target: So
         .collect();
     propagation.sort();
     api_write.sort();
+    measured.delivery = sent
+        .iter()
+        .filter_map(|(service, at)| delivered.get(service).map(|seen| seen.saturating_duration_since(*at)))
+        .collect();
+    measured.delivery.sort();
+    measured.after_delivery = delivered
+        .iter()
+        .filter_map(|(service, at)| first_change.get(service).map(|seen| seen.saturating_duration_since(*at)))
+        .collect();
+    measured.after_delivery.sort();
     measured.unseen = sent.len() - propagation.len();
     measured.propagation = propagation;
     measured.api_write = api_write;
@@ -389,11 +460,13 @@ fn run(binaries: &UpstreamBinaries, churn: Churn) -> Vec<(Proxy, Measured)> {
         .map(|(slot, proxy)| {
             let measured = run_proxy(&kube, *proxy, churn, slot, target);
             eprintln!(
-                "churn: {}: cold start {}, propagation p50 {} p99 {}, {} not seen, {} notification overflows",
+                "churn: {}: cold start {}, propagation p50 {} p99 {}, after delivery p50 {} p99 {}, {} not seen, {} notification overflows",
                 proxy.label(),
                 millis(measured.cold_start),
                 millis(quantile(&measured.propagation, 0.5)),
                 millis(quantile(&measured.propagation, 0.99)),
+                millis(quantile(&measured.after_delivery, 0.5)),
+                millis(quantile(&measured.after_delivery, 0.99)),
                 measured.unseen,
                 measured.overflows
             );
@@ -404,22 +477,26 @@ fn run(binaries: &UpstreamBinaries, churn: Churn) -> Vec<(Proxy, Measured)> {
 
 fn markdown(churn: Churn, all: &[(Proxy, Measured)]) -> String {
     let mut out = format!(
-        "| {} Services x 10, {} endpoint changes/s for {} s | cold start | propagation p50 | p99 | max | changes not seen within {} s | API write p50 / p99 | sent over | peak RSS | notification overflows |\n",
+        "| {} Services x 10, {} endpoint changes/s for {} s | cold start | propagation p50 | p99 | max | delivery to a bare watch p50 / p99 (floor) | after delivery p50 / p99 | changes not seen within {} s | API write p50 / p99 | sent over | peak RSS | notification overflows |\n",
         churn.services,
         churn.per_second,
         churn.seconds,
         churn.limit.as_secs()
     );
-    out.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    out.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (proxy, m) in all {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} of {} | {} / {} | {:.1} s | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} / {} | {} / {} | {} of {} | {} / {} | {:.1} s | {} | {} |",
             proxy.label(),
             millis(m.cold_start),
             millis(quantile(&m.propagation, 0.5)),
             millis(quantile(&m.propagation, 0.99)),
             millis(m.propagation.last().copied()),
+            millis(quantile(&m.delivery, 0.5)),
+            millis(quantile(&m.delivery, 0.99)),
+            millis(quantile(&m.after_delivery, 0.5)),
+            millis(quantile(&m.after_delivery, 0.99)),
             m.unseen,
             m.unseen + m.propagation.len(),
             millis(quantile(&m.api_write, 0.5)),
@@ -443,6 +520,8 @@ fn the_churn_harness_sees_every_change_reach_each_proxys_kernel_on_a_small_clust
         assert!(measured.cold_start.is_some(), "{} never reached the marker", proxy.label());
         assert_eq!(measured.unseen, 0, "{}: changes never reached the kernel", proxy.label());
         assert_eq!(measured.propagation.len(), churn.changes(), "{}", proxy.label());
+        assert_eq!(measured.delivery.len(), churn.changes(), "{}: the bare watch missed changes", proxy.label());
+        assert_eq!(measured.after_delivery.len(), churn.changes(), "{}", proxy.label());
         assert_eq!(measured.overflows, 0, "{}: notifications lost", proxy.label());
     }
 }
