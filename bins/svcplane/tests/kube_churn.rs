@@ -326,7 +326,7 @@ async fn stamp_deliveries(
                     }
                 }
                 Ok(Ok(Some(_))) => {}
-                Ok(Ok(None)) | Ok(Err(_)) | Err(_) => break,
+                Ok(Ok(None) | Err(_)) | Err(_) => break,
             }
         }
         delivered
