@@ -23,7 +23,7 @@ pub mod tc;
 
 pub use error::BpfError;
 pub use maps::{
-    AffinityKey, AffinityValue, BackendKey, BackendValue, Config, LiveKey, RevKey, RevValue, Scope, ServiceFlags,
+    AffinityKey, AffinityValue, BackendKey, BackendValue, Config, LiveKey, RevEntry, RevSock, Scope, ServiceFlags,
     ServiceKey, ServiceValue,
 };
 pub use pins::cleanup;
