@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -671,8 +670,15 @@ impl EbpfBackend {
     /// flows). The rules are in either way, so a failure here is logged, not a failed sync.
     fn close_sockets_to_gone_endpoints(&mut self, stopped: BTreeSet<(SocketAddr, SocketAddr)>) {
         let lb = self.lb.as_ref().expect("opened");
+        let cookies: BTreeSet<u64> = lb
+            .udp_sockets
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(key, service)| stopped.contains(&(service.frontend(), key.backend())))
+            .map(|(key, _)| key.cookie)
+            .collect();
         let gone: BTreeSet<SocketAddr> = stopped.iter().map(|(_, endpoint)| *endpoint).collect();
-        match svcplane_bpf::sockets::destroy_balanced_udp_sockets(lb.reverse.fd().as_fd(), &stopped) {
+        match svcplane_bpf::sockets::destroy_udp_sockets(&cookies, &gone) {
             Ok(0) => {}
             Ok(closed) => {
                 tracing::info!(closed, endpoints = ?gone, "closed the node's UDP sockets connected to endpoints that are gone");

@@ -86,6 +86,24 @@ struct rev_sock {
 	__u32 pad;
 };
 
+/* The node's own connected UDP sockets the connect programs balanced: a socket (cookie) and
+ * its endpoint -> the Service address it asked for. The proxy reads it to close those
+ * sockets when their endpoint stops serving (they cannot move, pods' sockets are moved by
+ * tc). Only these sockets are written, so it is small (an LRU: a socket pushed out is left
+ * to its application's timeouts instead of being closed). */
+struct rev_key {
+	__u64 cookie;
+	__u8 addr[16];
+	__u16 port;
+	__u16 pad[3];
+};
+
+struct rev_value {
+	__u8 addr[16];
+	__u16 port;
+	__u16 pad;
+};
+
 struct affinity_key {
 	__u64 client;
 	__u32 backend_set;
@@ -132,6 +150,14 @@ struct {
 	__type(value, struct rev_sock);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svcplane_sock_rev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct rev_key);
+	__type(value, struct rev_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_udp_sockets SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

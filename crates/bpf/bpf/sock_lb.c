@@ -204,6 +204,20 @@ static __attribute__((noinline)) void remember(struct bpf_sock_addr *ctx, const 
 	entry->port = service->port;
 }
 
+/* connect() of the node's own UDP socket: remembered by cookie for the proxy, which closes
+ * the socket when its endpoint stops serving. */
+static __always_inline void remember_udp_socket(struct bpf_sock_addr *ctx, const struct backend_value *backend,
+						const struct svc_key *service)
+{
+	if (service->proto != PROTO_UDP_NUMBER || service->scope != SCOPE_NODE)
+		return;
+	struct rev_key rkey = { .cookie = bpf_get_socket_cookie(ctx), .port = backend->port };
+	__builtin_memcpy(rkey.addr, backend->addr, 16);
+	struct rev_value rval = { .port = service->port };
+	__builtin_memcpy(rval.addr, service->addr, 16);
+	bpf_map_update_elem(&svcplane_udp_sockets, &rkey, &rval, BPF_ANY);
+}
+
 /* The Service address a reply from `addr`:`port` shows, if this socket was balanced to it. */
 static __always_inline struct rev_entry *recall(struct bpf_sock_addr *ctx, const __u8 *addr, __u16 port)
 {
@@ -266,7 +280,7 @@ static __always_inline void frontend6(struct bpf_sock_addr *ctx, struct svc_key 
 	key->scope = scope_of(ctx);
 }
 
-static __always_inline int balance4(struct bpf_sock_addr *ctx, struct svc_key *frontend)
+static __always_inline int balance4(struct bpf_sock_addr *ctx, struct svc_key *frontend, int connecting)
 {
 	struct svc_key key = *frontend;
 	struct backend_value backend;
@@ -284,10 +298,12 @@ static __always_inline int balance4(struct bpf_sock_addr *ctx, struct svc_key *f
 	ctx->user_ip4 = ((__u32 *)backend.addr)[3];
 	ctx->user_port = backend.port;
 	remember(ctx, &backend, &key);
+	if (connecting)
+		remember_udp_socket(ctx, &backend, &key);
 	return 1;
 }
 
-static __always_inline int balance6(struct bpf_sock_addr *ctx, struct svc_key *frontend)
+static __always_inline int balance6(struct bpf_sock_addr *ctx, struct svc_key *frontend, int connecting)
 {
 	struct svc_key key = *frontend;
 	struct backend_value backend;
@@ -307,6 +323,8 @@ static __always_inline int balance6(struct bpf_sock_addr *ctx, struct svc_key *f
 	ctx->user_ip6[3] = words[3];
 	ctx->user_port = backend.port;
 	remember(ctx, &backend, &key);
+	if (connecting)
+		remember_udp_socket(ctx, &backend, &key);
 	return 1;
 }
 
@@ -354,7 +372,7 @@ int svcplane_connect4(struct bpf_sock_addr *ctx)
 	frontend4(ctx, &key);
 	if (leave_to_tc(ctx, &key))
 		return 1;
-	return balance4(ctx, &key);
+	return balance4(ctx, &key, 1);
 }
 
 SEC("cgroup/sendmsg4")
@@ -362,7 +380,7 @@ int svcplane_sendmsg4(struct bpf_sock_addr *ctx)
 {
 	struct svc_key key;
 	frontend4(ctx, &key);
-	return balance4(ctx, &key);
+	return balance4(ctx, &key, 0);
 }
 
 SEC("cgroup/recvmsg4")
@@ -386,7 +404,7 @@ int svcplane_connect6(struct bpf_sock_addr *ctx)
 	frontend6(ctx, &key);
 	if (leave_to_tc(ctx, &key))
 		return 1;
-	return balance6(ctx, &key);
+	return balance6(ctx, &key, 1);
 }
 
 SEC("cgroup/sendmsg6")
@@ -394,7 +412,7 @@ int svcplane_sendmsg6(struct bpf_sock_addr *ctx)
 {
 	struct svc_key key;
 	frontend6(ctx, &key);
-	return balance6(ctx, &key);
+	return balance6(ctx, &key, 0);
 }
 
 SEC("cgroup/recvmsg6")

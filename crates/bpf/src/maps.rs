@@ -20,6 +20,8 @@ pub const BACKENDS_MAP: &str = "svcplane_backends";
 pub const REV_SOCK_MAP: &str = "svcplane_sock_rev";
 /// Maps earlier versions pinned and this one no longer has, removed by [`crate::cleanup`]:
 /// the reverse translations as a preallocated LRU hash keyed by socket cookie.
+/// The node's own connected UDP sockets the balancer connected (LRU, 16384 entries).
+pub const UDP_SOCKETS_MAP: &str = "svcplane_udp_sockets";
 pub const RETIRED_MAPS: [&str; 1] = ["svcplane_rev_sock"];
 pub const AFFINITY_MAP: &str = "svcplane_affinity";
 pub const CONFIG_MAP: &str = "svcplane_config";
@@ -28,7 +30,7 @@ pub const UDP_FLOWS_MAP: &str = "svcplane_udp_flows";
 pub const COUNTERS_MAP: &str = "svcplane_counters";
 pub const PORT_NAMES_MAP: &str = "svcplane_port_names";
 /// Every map of the socket-level balancer.
-pub const SOCK_LB_MAPS: [&str; 9] = [
+pub const SOCK_LB_MAPS: [&str; 10] = [
     SERVICES_MAP,
     BACKENDS_MAP,
     REV_SOCK_MAP,
@@ -38,6 +40,7 @@ pub const SOCK_LB_MAPS: [&str; 9] = [
     UDP_FLOWS_MAP,
     COUNTERS_MAP,
     PORT_NAMES_MAP,
+    UDP_SOCKETS_MAP,
 ];
 
 /// IP protocol numbers as the programs see them.
@@ -281,6 +284,40 @@ impl RevSock {
     }
 }
 
+/// One of the node's own connected UDP sockets (by cookie) and the endpoint it was
+/// balanced to (`svcplane_udp_sockets`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RevKey {
+    pub cookie: u64,
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub pad: [u16; 3],
+}
+
+impl RevKey {
+    /// The endpoint the socket was balanced to.
+    pub fn backend(&self) -> SocketAddr {
+        SocketAddr::new(address_of(self.addr), port_host(self.port))
+    }
+}
+
+/// The Service address that socket asked for.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RevValue {
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub pad: u16,
+}
+
+impl RevValue {
+    /// The Service address the socket connected to.
+    pub fn frontend(&self) -> SocketAddr {
+        SocketAddr::new(address_of(self.addr), port_host(self.port))
+    }
+}
+
 /// A client (its network namespace cookie at the socket level) and a backend set.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -367,6 +404,8 @@ const _: () = {
     assert!(size_of::<ServiceValue>() == 20);
     assert!(size_of::<BackendKey>() == 8);
     assert!(size_of::<BackendValue>() == 20);
+    assert!(size_of::<RevKey>() == 32);
+    assert!(size_of::<RevValue>() == 20);
     assert!(size_of::<RevEntry>() == 40);
     assert!(size_of::<RevSock>() == 168);
     assert!(size_of::<AffinityKey>() == 16);

@@ -7,7 +7,9 @@
 //! that allows it, for these impls only.
 #![allow(unsafe_code)]
 
-use crate::maps::{AffinityKey, AffinityValue, BackendKey, BackendValue, Config, LiveKey, ServiceKey, ServiceValue};
+use crate::maps::{
+    AffinityKey, AffinityValue, BackendKey, BackendValue, Config, LiveKey, RevKey, RevValue, ServiceKey, ServiceValue,
+};
 
 // SAFETY: see the module comment: repr(C), integer fields only, no implicit padding.
 unsafe impl aya::Pod for ServiceKey {}
@@ -17,6 +19,10 @@ unsafe impl aya::Pod for ServiceValue {}
 unsafe impl aya::Pod for BackendKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for BackendValue {}
+// SAFETY: as above.
+unsafe impl aya::Pod for RevKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for RevValue {}
 // SAFETY: as above.
 unsafe impl aya::Pod for AffinityKey {}
 // SAFETY: as above.

@@ -15,7 +15,7 @@ use aya::{Ebpf, EbpfLoader};
 use crate::maps::typed;
 use crate::maps::{
     AFFINITY_MAP, AffinityKey, AffinityValue, BACKENDS_MAP, BackendKey, BackendValue, CONFIG_MAP, Config, LIVE_MAP,
-    LiveKey, REV_SOCK_MAP, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue, UDP_FLOWS_MAP,
+    LiveKey, RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue, UDP_FLOWS_MAP,
 };
 use crate::{BpfError, SOCK_LB_OBJECT, sys};
 
@@ -69,9 +69,11 @@ pub struct SockLb {
     pub services: ServicesMap,
     pub backends: BackendsMap,
     pub affinity: HashMap<MapData, AffinityKey, AffinityValue>,
-    /// The reverse translations, in each socket's storage ([`crate::maps::RevSock`]): read
-    /// beside the node's sockets through socket diagnostics ([`crate::sockets`]).
-    pub reverse: MapData,
+    /// The node's own connected UDP sockets the balancer connected, by cookie and endpoint:
+    /// the Service address each asked for (the sockets to close when their endpoint goes).
+    /// The reverse translations of every socket live in each socket's own storage
+    /// (`svcplane_sock_rev`), which only the programs read.
+    pub udp_sockets: HashMap<MapData, RevKey, RevValue>,
     /// Endpoints UDP flows may stay on (value unused, 1).
     pub live: HashMap<MapData, LiveKey, u32>,
     /// The names of service port ids, for counter readers.
@@ -139,7 +141,6 @@ impl SockLb {
         };
         let batch =
             BatchMaps { services: pinned(SERVICES_MAP)?, backends: pinned(BACKENDS_MAP)?, live: pinned(LIVE_MAP)? };
-        let reverse = pinned(REV_SOCK_MAP)?;
         // The programs name these maps by file descriptor: the returned `SockLb` keeps them
         // open, and must live until the programs are loaded.
         let lb = Self {
@@ -147,7 +148,7 @@ impl SockLb {
             services: typed(&mut ebpf, SERVICES_MAP)?,
             backends: typed(&mut ebpf, BACKENDS_MAP)?,
             affinity: typed(&mut ebpf, AFFINITY_MAP)?,
-            reverse,
+            udp_sockets: typed(&mut ebpf, crate::maps::UDP_SOCKETS_MAP)?,
             live: typed(&mut ebpf, LIVE_MAP)?,
             names: typed(&mut ebpf, crate::maps::PORT_NAMES_MAP)?,
             sizes,

@@ -7,15 +7,14 @@
 //! connected to an endpoint keeps sending there after the endpoint is gone. Closing it
 //! makes the application's next receive fail (`ECONNABORTED`) and its next send on it fail
 //! too, so it opens a new socket, which connect() balances to a live endpoint: what
-//! Cilium does for such sockets. Only sockets the balancer connected (their own storage in
-//! the reverse-translation map, which the dump reads beside each socket, names that endpoint
-//! for that Service) are closed; a socket an application connected to the pod's address
+//! Cilium does for such sockets. Only sockets the balancer connected (their cookie is in
+//! `svcplane_udp_sockets`, which the connect programs write for the node's own UDP sockets,
+//! with that endpoint) are closed; a socket an application connected to the pod's address
 //! itself is left alone.
 
 use std::collections::BTreeSet;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, BorrowedFd};
 
 use netlink_sys::{Socket, SocketAddr as NetlinkAddr};
 
@@ -34,18 +33,6 @@ const SOCKID_LEN: usize = 48;
 const REQUEST_LEN: usize = 8 + SOCKID_LEN;
 /// `struct inet_diag_msg` up to and including its `inode`.
 const MESSAGE_LEN: usize = 4 + SOCKID_LEN + 20;
-/// Request attribute (nested): the socket-local storage maps whose values a dump returns
-/// beside each socket, one `SK_DIAG_BPF_STORAGE_REQ_MAP_FD` (u32) each (needs CAP_SYS_ADMIN).
-const INET_DIAG_REQ_SK_BPF_STORAGES: u16 = 2;
-const SK_DIAG_BPF_STORAGE_REQ_MAP_FD: u16 = 1;
-/// Reply attribute (nested): one `SK_DIAG_BPF_STORAGE` (nested) per map the socket has a
-/// value in, holding `SK_DIAG_BPF_STORAGE_MAP_VALUE`.
-const INET_DIAG_SK_BPF_STORAGES: u16 = 20;
-const SK_DIAG_BPF_STORAGE: u16 = 1;
-const SK_DIAG_BPF_STORAGE_MAP_VALUE: u16 = 3;
-const NLA_F_NESTED: u16 = 1 << 15;
-/// The type bits of a netlink attribute's type (without the nested and byte-order flags).
-const NLA_TYPE_MASK: u16 = !(1 << 15 | 1 << 14);
 
 /// One socket as the kernel identifies it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,21 +62,7 @@ impl UdpSocketId {
 }
 
 fn request(message_type: u16, flags: u16, seq: u32, family: u8, id: Option<&[u8; SOCKID_LEN]>) -> Vec<u8> {
-    request_with_storage(message_type, flags, seq, family, id, None)
-}
-
-/// [`request`], asking for each socket's value in the socket-local storage map `storage`.
-fn request_with_storage(
-    message_type: u16,
-    flags: u16,
-    seq: u32,
-    family: u8,
-    id: Option<&[u8; SOCKID_LEN]>,
-    storage: Option<u32>,
-) -> Vec<u8> {
-    // The nested attribute: its header, then one attribute with the map's descriptor.
-    let attribute_len = if storage.is_some() { 4 + 8 } else { 0 };
-    let length = NLMSG_HEADER + REQUEST_LEN + attribute_len;
+    let length = NLMSG_HEADER + REQUEST_LEN;
     let mut buf = Vec::with_capacity(length);
     buf.extend_from_slice(&(length as u32).to_ne_bytes());
     buf.extend_from_slice(&message_type.to_ne_bytes());
@@ -110,42 +83,7 @@ fn request_with_storage(
             buf.extend_from_slice(&any);
         }
     }
-    if let Some(fd) = storage {
-        buf.extend_from_slice(&(attribute_len as u16).to_ne_bytes());
-        buf.extend_from_slice(&(INET_DIAG_REQ_SK_BPF_STORAGES | NLA_F_NESTED).to_ne_bytes());
-        buf.extend_from_slice(&8u16.to_ne_bytes());
-        buf.extend_from_slice(&SK_DIAG_BPF_STORAGE_REQ_MAP_FD.to_ne_bytes());
-        buf.extend_from_slice(&fd.to_ne_bytes());
-    }
     buf
-}
-
-/// The netlink attributes in `bytes`, as (type without flags, payload).
-fn attributes(mut bytes: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if bytes.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([bytes[0], bytes[1]]));
-        let kind = u16::from_ne_bytes([bytes[2], bytes[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > bytes.len() {
-            return None;
-        }
-        let payload = &bytes[4..len];
-        bytes = &bytes[len.next_multiple_of(4).min(bytes.len())..];
-        Some((kind, payload))
-    })
-}
-
-/// The socket-local storage value a dump message's attributes carry (one map asked for).
-fn storage_value(attrs: &[u8]) -> Option<Vec<u8>> {
-    attributes(attrs)
-        .filter(|(kind, _)| *kind == INET_DIAG_SK_BPF_STORAGES)
-        .flat_map(|(_, storages)| attributes(storages))
-        .filter(|(kind, _)| *kind == SK_DIAG_BPF_STORAGE)
-        .flat_map(|(_, storage)| attributes(storage))
-        .find(|(kind, _)| *kind == SK_DIAG_BPF_STORAGE_MAP_VALUE)
-        .map(|(_, value)| value.to_vec())
 }
 
 fn open() -> io::Result<Socket> {
@@ -158,22 +96,8 @@ fn open() -> io::Result<Socket> {
 /// Every UDP socket of `family` (`AF_INET` or `AF_INET6`) in the calling thread's network
 /// namespace that has a peer (a connected socket).
 pub fn connected_udp_sockets(family: u8) -> io::Result<Vec<UdpSocketId>> {
-    Ok(dump(family, None)?.into_iter().map(|(id, _)| id).collect())
-}
-
-/// [`connected_udp_sockets`], each with its value in the socket-local storage map `storage`
-/// (`None`: the socket has none there).
-pub fn connected_udp_sockets_with_storage(
-    family: u8,
-    storage: BorrowedFd<'_>,
-) -> io::Result<Vec<(UdpSocketId, Option<Vec<u8>>)>> {
-    dump(family, Some(storage))
-}
-
-fn dump(family: u8, storage: Option<BorrowedFd<'_>>) -> io::Result<Vec<(UdpSocketId, Option<Vec<u8>>)>> {
     let socket = open()?;
-    let fd = storage.map(|fd| fd.as_raw_fd() as u32);
-    socket.send(&request_with_storage(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, family, None, fd), 0)?;
+    socket.send(&request(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, family, None), 0)?;
     let mut found = Vec::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
@@ -196,7 +120,7 @@ fn dump(family: u8, storage: Option<BorrowedFd<'_>>) -> io::Result<Vec<(UdpSocke
                     let raw: [u8; SOCKID_LEN] = body[4..4 + SOCKID_LEN].try_into().expect("48 bytes");
                     let id = UdpSocketId { family: body[0], raw };
                     if id.peer().port() != 0 {
-                        found.push((id, storage_value(&body[MESSAGE_LEN..])));
+                        found.push(id);
                     }
                 }
                 _ => {}
@@ -221,28 +145,17 @@ pub fn destroy(id: &UdpSocketId) -> io::Result<()> {
     Ok(())
 }
 
-/// Closes the calling namespace's connected UDP sockets the balancer connected to an
-/// endpoint for a Service, for each (Service address, endpoint) pair in `stopped`: the
-/// socket's peer is the endpoint and its value in `storage` (the reverse-translation map,
-/// [`crate::maps::RevSock`]) says it asked for that Service. Returns how many were closed.
-pub fn destroy_balanced_udp_sockets(
-    storage: BorrowedFd<'_>,
-    stopped: &BTreeSet<(SocketAddr, SocketAddr)>,
-) -> io::Result<usize> {
-    if stopped.is_empty() {
+/// Closes the calling namespace's connected UDP sockets whose cookie is in `cookies` and
+/// whose peer is in `endpoints`. Returns how many were closed.
+pub fn destroy_udp_sockets(cookies: &BTreeSet<u64>, endpoints: &BTreeSet<SocketAddr>) -> io::Result<usize> {
+    if cookies.is_empty() {
         return Ok(0);
     }
-    let endpoints: BTreeSet<SocketAddr> = stopped.iter().map(|(_, endpoint)| *endpoint).collect();
     let mut closed = 0;
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
-        for (id, value) in connected_udp_sockets_with_storage(family, storage)? {
+        for id in connected_udp_sockets(family)? {
             let peer = canonical(id.peer());
-            if !endpoints.contains(&peer) {
-                continue;
-            }
-            let asked =
-                value.as_deref().and_then(crate::maps::RevSock::from_bytes).and_then(|rev| rev.frontend_of(peer));
-            if asked.is_some_and(|frontend| stopped.contains(&(frontend, peer))) {
+            if cookies.contains(&id.cookie()) && endpoints.contains(&peer) {
                 destroy(&id)?;
                 closed += 1;
             }
@@ -279,43 +192,5 @@ mod tests {
         assert_eq!(u16::from_ne_bytes([message[4], message[5]]), SOCK_DESTROY);
         assert_eq!(message[NLMSG_HEADER + 1], libc::IPPROTO_UDP as u8);
         assert_eq!(&message[NLMSG_HEADER + 8..], &raw);
-    }
-
-    /// A netlink attribute: header, payload, padding to 4 bytes.
-    fn attribute(kind: u16, payload: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.extend_from_slice(&((4 + payload.len()) as u16).to_ne_bytes());
-        out.extend_from_slice(&kind.to_ne_bytes());
-        out.extend_from_slice(payload);
-        out.resize(out.len().next_multiple_of(4), 0);
-        out
-    }
-
-    #[test]
-    fn a_dump_request_for_storage_names_the_map_by_descriptor_in_a_nested_attribute() {
-        let message = request_with_storage(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 2, None, Some(9));
-        assert_eq!(message.len(), NLMSG_HEADER + REQUEST_LEN + 12);
-        assert_eq!(u32::from_ne_bytes(message[..4].try_into().unwrap()) as usize, message.len());
-        let attrs: Vec<(u16, Vec<u8>)> =
-            attributes(&message[NLMSG_HEADER + REQUEST_LEN..]).map(|(k, v)| (k, v.to_vec())).collect();
-        assert_eq!(attrs.len(), 1);
-        assert_eq!(attrs[0].0, INET_DIAG_REQ_SK_BPF_STORAGES);
-        let inner: Vec<(u16, &[u8])> = attributes(&attrs[0].1).collect();
-        assert_eq!(inner, vec![(SK_DIAG_BPF_STORAGE_REQ_MAP_FD, &9u32.to_ne_bytes()[..])]);
-    }
-
-    #[test]
-    fn a_sockets_storage_value_is_found_inside_the_nested_reply_attributes_and_others_are_skipped() {
-        let value: Vec<u8> = (0u8..11).collect();
-        let storage = [
-            attribute(2, &7u32.to_ne_bytes()), // SK_DIAG_BPF_STORAGE_MAP_ID
-            attribute(SK_DIAG_BPF_STORAGE_MAP_VALUE, &value),
-        ]
-        .concat();
-        let storages = attribute(SK_DIAG_BPF_STORAGE | NLA_F_NESTED, &storage);
-        let attrs = [attribute(5, &[1]), attribute(INET_DIAG_SK_BPF_STORAGES | NLA_F_NESTED, &storages)].concat();
-        assert_eq!(storage_value(&attrs), Some(value));
-        assert_eq!(storage_value(&attribute(5, &[1])), None, "a socket without a value in the map");
-        assert_eq!(storage_value(&attrs[..attrs.len() - 3]), None, "a truncated attribute is not read");
     }
 }
