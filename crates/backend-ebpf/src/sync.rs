@@ -671,7 +671,7 @@ impl EbpfBackend {
     fn close_sockets_to_gone_endpoints(&mut self, stopped: BTreeSet<(SocketAddr, SocketAddr)>) {
         let lb = self.lb.as_ref().expect("opened");
         let cookies: BTreeSet<u64> = lb
-            .reverse
+            .udp_sockets
             .iter()
             .filter_map(Result::ok)
             .filter(|(key, service)| stopped.contains(&(service.frontend(), key.backend())))

@@ -62,8 +62,35 @@ struct backend_value {
  * to other nodes' endpoints with the Service address attached). */
 #define BACKEND_F_LOCAL 1
 
-/* Reverse translation of socket-balanced flows: a socket (cookie) talking to a backend
- * sees the Service address in recvmsg and getpeername. */
+/* Reverse translation of socket-balanced flows: a socket talking to a backend sees the
+ * Service address in recvmsg and getpeername. Kept in the socket's own storage
+ * (svcplane_sock_rev, BPF_MAP_TYPE_SK_STORAGE): allocated when the socket is first balanced,
+ * freed with the socket, so nothing is preallocated and no other socket can push it out. A
+ * connected socket has one peer; an unconnected UDP socket may send to several Services
+ * (a resolver asking each name server): the last REV_SLOTS distinct endpoints are kept,
+ * the oldest replaced first. */
+#define REV_SLOTS 4
+
+struct rev_entry {
+	__u8 backend_addr[16];
+	__u16 backend_port;
+	__u16 pad;
+	__u8 addr[16]; /* the Service address the socket named */
+	__u16 port;
+	__u16 pad2;
+};
+
+struct rev_sock {
+	struct rev_entry slots[REV_SLOTS];
+	__u32 next; /* the slot a new endpoint takes (mod REV_SLOTS) */
+	__u32 pad;
+};
+
+/* The node's own connected UDP sockets the connect programs balanced: a socket (cookie) and
+ * its endpoint -> the Service address it asked for. The proxy reads it to close those
+ * sockets when their endpoint stops serving (they cannot move, pods' sockets are moved by
+ * tc). Only these sockets are written, so it is small (an LRU: a socket pushed out is left
+ * to its application's timeouts instead of being closed). */
 struct rev_key {
 	__u64 cookie;
 	__u8 addr[16];
@@ -117,12 +144,20 @@ struct {
 } svcplane_backends SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct rev_sock);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_sock_rev SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 262144);
+	__uint(max_entries, 16384);
 	__type(key, struct rev_key);
 	__type(value, struct rev_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} svcplane_rev_sock SEC(".maps");
+} svcplane_udp_sockets SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -168,14 +168,72 @@ static __always_inline int pick_flow(struct bpf_sock_addr *ctx, struct svc_key *
 	return verdict;
 }
 
-static __always_inline void remember(struct bpf_sock_addr *ctx, const struct backend_value *backend,
+static __always_inline int same_addr(const __u8 *a, const __u8 *b)
+{
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
+}
+
+/* The socket's reverse translation: the endpoint it now talks to shows as `service`. An
+ * endpoint already in a slot is updated in place; a new one takes the oldest slot. */
+static __attribute__((noinline)) void remember(struct bpf_sock_addr *ctx, const struct backend_value *backend,
 				     const struct svc_key *service)
 {
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return;
+	struct rev_sock *rev = bpf_sk_storage_get(&svcplane_sock_rev, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!rev)
+		return;
+	__u32 slot = rev->next % REV_SLOTS;
+	int found = 0;
+#pragma unroll
+	for (int i = 0; i < REV_SLOTS; i++) {
+		struct rev_entry *entry = &rev->slots[i];
+		if (!found && entry->backend_port == backend->port && same_addr(entry->backend_addr, backend->addr)) {
+			slot = i;
+			found = 1;
+		}
+	}
+	if (!found)
+		rev->next = slot + 1;
+	struct rev_entry *entry = &rev->slots[slot & (REV_SLOTS - 1)];
+	__builtin_memcpy(entry->backend_addr, backend->addr, 16);
+	entry->backend_port = backend->port;
+	__builtin_memcpy(entry->addr, service->addr, 16);
+	entry->port = service->port;
+}
+
+/* connect() of the node's own UDP socket: remembered by cookie for the proxy, which closes
+ * the socket when its endpoint stops serving. */
+static __always_inline void remember_udp_socket(struct bpf_sock_addr *ctx, const struct backend_value *backend,
+						const struct svc_key *service)
+{
+	if (service->proto != PROTO_UDP_NUMBER || service->scope != SCOPE_NODE)
+		return;
 	struct rev_key rkey = { .cookie = bpf_get_socket_cookie(ctx), .port = backend->port };
 	__builtin_memcpy(rkey.addr, backend->addr, 16);
 	struct rev_value rval = { .port = service->port };
 	__builtin_memcpy(rval.addr, service->addr, 16);
-	bpf_map_update_elem(&svcplane_rev_sock, &rkey, &rval, BPF_ANY);
+	bpf_map_update_elem(&svcplane_udp_sockets, &rkey, &rval, BPF_ANY);
+}
+
+/* The Service address a reply from `addr`:`port` shows, if this socket was balanced to it. */
+static __always_inline struct rev_entry *recall(struct bpf_sock_addr *ctx, const __u8 *addr, __u16 port)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return NULL;
+	struct rev_sock *rev = bpf_sk_storage_get(&svcplane_sock_rev, sk, 0, 0);
+	if (!rev)
+		return NULL;
+#pragma unroll
+	for (int i = 0; i < REV_SLOTS; i++) {
+		struct rev_entry *entry = &rev->slots[i];
+		if (entry->backend_port == port && same_addr(entry->backend_addr, addr))
+			return entry;
+	}
+	return NULL;
 }
 
 static __always_inline void key4(struct svc_key *key, __u32 ip, __u16 port)
@@ -222,7 +280,7 @@ static __always_inline void frontend6(struct bpf_sock_addr *ctx, struct svc_key 
 	key->scope = scope_of(ctx);
 }
 
-static __always_inline int balance4(struct bpf_sock_addr *ctx, struct svc_key *frontend)
+static __always_inline int balance4(struct bpf_sock_addr *ctx, struct svc_key *frontend, int connecting)
 {
 	struct svc_key key = *frontend;
 	struct backend_value backend;
@@ -240,10 +298,12 @@ static __always_inline int balance4(struct bpf_sock_addr *ctx, struct svc_key *f
 	ctx->user_ip4 = ((__u32 *)backend.addr)[3];
 	ctx->user_port = backend.port;
 	remember(ctx, &backend, &key);
+	if (connecting)
+		remember_udp_socket(ctx, &backend, &key);
 	return 1;
 }
 
-static __always_inline int balance6(struct bpf_sock_addr *ctx, struct svc_key *frontend)
+static __always_inline int balance6(struct bpf_sock_addr *ctx, struct svc_key *frontend, int connecting)
 {
 	struct svc_key key = *frontend;
 	struct backend_value backend;
@@ -263,17 +323,16 @@ static __always_inline int balance6(struct bpf_sock_addr *ctx, struct svc_key *f
 	ctx->user_ip6[3] = words[3];
 	ctx->user_port = backend.port;
 	remember(ctx, &backend, &key);
+	if (connecting)
+		remember_udp_socket(ctx, &backend, &key);
 	return 1;
 }
 
 /* recvmsg4 / getpeername4: a backend this socket was balanced to shows as the Service. */
 static __always_inline void reverse4(struct bpf_sock_addr *ctx)
 {
-	struct rev_key rkey = { .cookie = bpf_get_socket_cookie(ctx), .port = (__u16)ctx->user_port };
-	__u32 *words = (__u32 *)rkey.addr;
-	words[2] = bpf_htonl(0x0000ffff);
-	words[3] = ctx->user_ip4;
-	struct rev_value *service = bpf_map_lookup_elem(&svcplane_rev_sock, &rkey);
+	__u32 words[4] = { 0, 0, bpf_htonl(0x0000ffff), ctx->user_ip4 };
+	struct rev_entry *service = recall(ctx, (const __u8 *)words, (__u16)ctx->user_port);
 	if (!service || !is_v4_mapped(service->addr))
 		return;
 	ctx->user_ip4 = ((__u32 *)service->addr)[3];
@@ -282,13 +341,8 @@ static __always_inline void reverse4(struct bpf_sock_addr *ctx)
 
 static __always_inline void reverse6(struct bpf_sock_addr *ctx)
 {
-	struct rev_key rkey = { .cookie = bpf_get_socket_cookie(ctx), .port = (__u16)ctx->user_port };
-	__u32 *words = (__u32 *)rkey.addr;
-	words[0] = ctx->user_ip6[0];
-	words[1] = ctx->user_ip6[1];
-	words[2] = ctx->user_ip6[2];
-	words[3] = ctx->user_ip6[3];
-	struct rev_value *service = bpf_map_lookup_elem(&svcplane_rev_sock, &rkey);
+	__u32 words[4] = { ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3] };
+	struct rev_entry *service = recall(ctx, (const __u8 *)words, (__u16)ctx->user_port);
 	if (!service)
 		return;
 	__u32 *out = (__u32 *)service->addr;
@@ -318,7 +372,7 @@ int svcplane_connect4(struct bpf_sock_addr *ctx)
 	frontend4(ctx, &key);
 	if (leave_to_tc(ctx, &key))
 		return 1;
-	return balance4(ctx, &key);
+	return balance4(ctx, &key, 1);
 }
 
 SEC("cgroup/sendmsg4")
@@ -326,7 +380,7 @@ int svcplane_sendmsg4(struct bpf_sock_addr *ctx)
 {
 	struct svc_key key;
 	frontend4(ctx, &key);
-	return balance4(ctx, &key);
+	return balance4(ctx, &key, 0);
 }
 
 SEC("cgroup/recvmsg4")
@@ -350,7 +404,7 @@ int svcplane_connect6(struct bpf_sock_addr *ctx)
 	frontend6(ctx, &key);
 	if (leave_to_tc(ctx, &key))
 		return 1;
-	return balance6(ctx, &key);
+	return balance6(ctx, &key, 1);
 }
 
 SEC("cgroup/sendmsg6")
@@ -358,7 +412,7 @@ int svcplane_sendmsg6(struct bpf_sock_addr *ctx)
 {
 	struct svc_key key;
 	frontend6(ctx, &key);
-	return balance6(ctx, &key);
+	return balance6(ctx, &key, 0);
 }
 
 SEC("cgroup/recvmsg6")

@@ -23,8 +23,8 @@ pub mod tc;
 
 pub use error::BpfError;
 pub use maps::{
-    AffinityKey, AffinityValue, BackendKey, BackendValue, Config, LiveKey, RevKey, RevValue, Scope, ServiceFlags,
-    ServiceKey, ServiceValue,
+    AffinityKey, AffinityValue, BackendKey, BackendValue, Config, LiveKey, RevEntry, RevKey, RevSock, RevValue, Scope,
+    ServiceFlags, ServiceKey, ServiceValue,
 };
 pub use pins::cleanup;
 pub use sock_lb::{MapSizes, SockLb, SockLbOptions, SockPrograms};

@@ -16,7 +16,13 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 /// The map names, as pinned under the bpf root.
 pub const SERVICES_MAP: &str = "svcplane_services";
 pub const BACKENDS_MAP: &str = "svcplane_backends";
-pub const REV_SOCK_MAP: &str = "svcplane_rev_sock";
+/// Socket-local storage (`BPF_MAP_TYPE_SK_STORAGE`): nothing preallocated, no size.
+pub const REV_SOCK_MAP: &str = "svcplane_sock_rev";
+/// Maps earlier versions pinned and this one no longer has, removed by [`crate::cleanup`]:
+/// the reverse translations as a preallocated LRU hash keyed by socket cookie.
+/// The node's own connected UDP sockets the balancer connected (LRU, 16384 entries).
+pub const UDP_SOCKETS_MAP: &str = "svcplane_udp_sockets";
+pub const RETIRED_MAPS: [&str; 1] = ["svcplane_rev_sock"];
 pub const AFFINITY_MAP: &str = "svcplane_affinity";
 pub const CONFIG_MAP: &str = "svcplane_config";
 pub const LIVE_MAP: &str = "svcplane_live";
@@ -24,7 +30,7 @@ pub const UDP_FLOWS_MAP: &str = "svcplane_udp_flows";
 pub const COUNTERS_MAP: &str = "svcplane_counters";
 pub const PORT_NAMES_MAP: &str = "svcplane_port_names";
 /// Every map of the socket-level balancer.
-pub const SOCK_LB_MAPS: [&str; 9] = [
+pub const SOCK_LB_MAPS: [&str; 10] = [
     SERVICES_MAP,
     BACKENDS_MAP,
     REV_SOCK_MAP,
@@ -34,6 +40,7 @@ pub const SOCK_LB_MAPS: [&str; 9] = [
     UDP_FLOWS_MAP,
     COUNTERS_MAP,
     PORT_NAMES_MAP,
+    UDP_SOCKETS_MAP,
 ];
 
 /// IP protocol numbers as the programs see them.
@@ -208,7 +215,77 @@ impl fmt::Debug for BackendValue {
     }
 }
 
-/// A socket (by cookie) and the backend it was balanced to.
+/// Endpoints a socket's reverse translation keeps (`REV_SLOTS` in `common.h`).
+pub const REV_SLOTS: usize = 4;
+
+/// One endpoint a socket was balanced to and the Service address it asked for
+/// (`struct rev_entry`). A slot never used is all zeros.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RevEntry {
+    pub backend_addr: [u8; 16],
+    pub backend_port: u16,
+    pub pad: u16,
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub pad2: u16,
+}
+
+impl RevEntry {
+    /// The endpoint the socket was balanced to.
+    pub fn backend(&self) -> SocketAddr {
+        SocketAddr::new(address_of(self.backend_addr), port_host(self.backend_port))
+    }
+
+    /// The Service address the socket asked for.
+    pub fn frontend(&self) -> SocketAddr {
+        SocketAddr::new(address_of(self.addr), port_host(self.port))
+    }
+}
+
+/// A socket's own reverse translations (`struct rev_sock`, its value in the socket-local
+/// storage map `svcplane_sock_rev`): its last [`REV_SLOTS`] endpoints.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RevSock {
+    pub slots: [RevEntry; REV_SLOTS],
+    pub next: u32,
+    pub pad: u32,
+}
+
+impl RevSock {
+    /// The value as the kernel returns it (native byte order), if it has the right size.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != size_of::<RevSock>() {
+            return None;
+        }
+        let array = |at: usize| -> [u8; 16] { bytes[at..at + 16].try_into().expect("16 bytes") };
+        let u16_at = |at: usize| u16::from_ne_bytes([bytes[at], bytes[at + 1]]);
+        let u32_at = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let entry = size_of::<RevEntry>();
+        let slots = std::array::from_fn(|i| {
+            let at = i * entry;
+            RevEntry {
+                backend_addr: array(at),
+                backend_port: u16_at(at + 16),
+                pad: u16_at(at + 18),
+                addr: array(at + 20),
+                port: u16_at(at + 36),
+                pad2: u16_at(at + 38),
+            }
+        });
+        let end = REV_SLOTS * entry;
+        Some(RevSock { slots, next: u32_at(end), pad: u32_at(end + 4) })
+    }
+
+    /// The Service address the socket asked for when it was balanced to `backend`.
+    pub fn frontend_of(&self, backend: SocketAddr) -> Option<SocketAddr> {
+        self.slots.iter().find(|slot| slot.backend_port != 0 && slot.backend() == backend).map(RevEntry::frontend)
+    }
+}
+
+/// One of the node's own connected UDP sockets (by cookie) and the endpoint it was
+/// balanced to (`svcplane_udp_sockets`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct RevKey {
@@ -329,6 +406,8 @@ const _: () = {
     assert!(size_of::<BackendValue>() == 20);
     assert!(size_of::<RevKey>() == 32);
     assert!(size_of::<RevValue>() == 20);
+    assert!(size_of::<RevEntry>() == 40);
+    assert!(size_of::<RevSock>() == 168);
     assert!(size_of::<AffinityKey>() == 16);
     assert!(size_of::<AffinityValue>() == 32);
     assert!(size_of::<Config>() == 8);
@@ -352,5 +431,39 @@ mod tests {
     fn an_ipv6_backend_reads_back_as_the_same_socket_address() {
         let address: SocketAddr = "[2001:db8:1::2]:8080".parse().unwrap();
         assert_eq!(BackendValue::new(address).address(), address);
+    }
+
+    #[test]
+    fn a_sockets_reverse_translations_read_from_the_kernels_bytes_name_the_service_per_endpoint() {
+        let entry = |backend: &str, frontend: &str| {
+            let (backend, frontend): (SocketAddr, SocketAddr) = (backend.parse().unwrap(), frontend.parse().unwrap());
+            let mut bytes = Vec::new();
+            bytes.extend_from_slice(&address_bytes(backend.ip()));
+            bytes.extend_from_slice(&port_net(backend.port()).to_ne_bytes());
+            bytes.extend_from_slice(&[0, 0]);
+            bytes.extend_from_slice(&address_bytes(frontend.ip()));
+            bytes.extend_from_slice(&port_net(frontend.port()).to_ne_bytes());
+            bytes.extend_from_slice(&[0, 0]);
+            bytes
+        };
+        let mut bytes = [
+            entry("198.18.1.2:53", "198.19.0.10:53"),
+            entry("[2001:db8:1::2]:8053", "[2001:db8:f::1]:53"),
+            vec![0; 40],
+            vec![0; 40],
+        ]
+        .concat();
+        bytes.extend_from_slice(&2u32.to_ne_bytes());
+        bytes.extend_from_slice(&0u32.to_ne_bytes());
+        let rev = RevSock::from_bytes(&bytes).expect("168 bytes");
+        assert_eq!(rev.next, 2);
+        assert_eq!(rev.frontend_of("198.18.1.2:53".parse().unwrap()), Some("198.19.0.10:53".parse().unwrap()));
+        assert_eq!(
+            rev.frontend_of("[2001:db8:1::2]:8053".parse().unwrap()),
+            Some("[2001:db8:f::1]:53".parse().unwrap())
+        );
+        assert_eq!(rev.frontend_of("198.18.1.3:53".parse().unwrap()), None, "an endpoint it was not balanced to");
+        assert_eq!(rev.frontend_of("[::]:0".parse().unwrap()), None, "an empty slot names nothing");
+        assert_eq!(RevSock::from_bytes(&bytes[..100]), None, "a value of another size");
     }
 }

@@ -15,7 +15,7 @@ use aya::{Ebpf, EbpfLoader};
 use crate::maps::typed;
 use crate::maps::{
     AFFINITY_MAP, AffinityKey, AffinityValue, BACKENDS_MAP, BackendKey, BackendValue, CONFIG_MAP, Config, LIVE_MAP,
-    LiveKey, REV_SOCK_MAP, RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue, UDP_FLOWS_MAP,
+    LiveKey, RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue, UDP_FLOWS_MAP,
 };
 use crate::{BpfError, SOCK_LB_OBJECT, sys};
 
@@ -34,8 +34,10 @@ pub const PROGRAMS: [&str; 8] = [
 /// Where pinned links live under the bpf root.
 use crate::sys::LINKS_DIR;
 
-/// Map capacities (entries). `backends` also sizes the live-endpoint map, `reverse` the
-/// UDP-flow map.
+/// Map capacities (entries). `backends` also sizes the live-endpoint map; `reverse` sizes
+/// the connection-state maps: UDP flows here, the tc program's tracking map. (The socket
+/// reverse translations, once sized by it, live in each socket's own storage and have no
+/// size.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapSizes {
     pub services: u32,
@@ -67,7 +69,11 @@ pub struct SockLb {
     pub services: ServicesMap,
     pub backends: BackendsMap,
     pub affinity: HashMap<MapData, AffinityKey, AffinityValue>,
-    pub reverse: HashMap<MapData, RevKey, RevValue>,
+    /// The node's own connected UDP sockets the balancer connected, by cookie and endpoint:
+    /// the Service address each asked for (the sockets to close when their endpoint goes).
+    /// The reverse translations of every socket live in each socket's own storage
+    /// (`svcplane_sock_rev`), which only the programs read.
+    pub udp_sockets: HashMap<MapData, RevKey, RevValue>,
     /// Endpoints UDP flows may stay on (value unused, 1).
     pub live: HashMap<MapData, LiveKey, u32>,
     /// The names of service port ids, for counter readers.
@@ -112,7 +118,6 @@ impl SockLb {
             .map_max_entries(SERVICES_MAP, sizes.services)
             .map_max_entries(BACKENDS_MAP, sizes.backends)
             .map_max_entries(AFFINITY_MAP, sizes.affinity)
-            .map_max_entries(REV_SOCK_MAP, sizes.reverse)
             // Serving endpoints per service port are about as many as backend slots.
             .map_max_entries(LIVE_MAP, sizes.backends)
             .map_max_entries(crate::maps::COUNTERS_MAP, sizes.backends)
@@ -143,7 +148,7 @@ impl SockLb {
             services: typed(&mut ebpf, SERVICES_MAP)?,
             backends: typed(&mut ebpf, BACKENDS_MAP)?,
             affinity: typed(&mut ebpf, AFFINITY_MAP)?,
-            reverse: typed(&mut ebpf, REV_SOCK_MAP)?,
+            udp_sockets: typed(&mut ebpf, crate::maps::UDP_SOCKETS_MAP)?,
             live: typed(&mut ebpf, LIVE_MAP)?,
             names: typed(&mut ebpf, crate::maps::PORT_NAMES_MAP)?,
             sizes,

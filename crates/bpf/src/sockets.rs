@@ -8,8 +8,9 @@
 //! makes the application's next receive fail (`ECONNABORTED`) and its next send on it fail
 //! too, so it opens a new socket, which connect() balances to a live endpoint: what
 //! Cilium does for such sockets. Only sockets the balancer connected (their cookie is in
-//! the reverse-translation map with that endpoint) are closed; a socket an application
-//! connected to the pod's address itself is left alone.
+//! `svcplane_udp_sockets`, which the connect programs write for the node's own UDP sockets,
+//! with that endpoint) are closed; a socket an application connected to the pod's address
+//! itself is left alone.
 
 use std::collections::BTreeSet;
 use std::io;

@@ -175,3 +175,65 @@ fn maps_filled_while_the_programs_load_on_another_thread_are_what_the_programs_t
     assert!(programs.attach().expect("adopting"), "every program was already linked");
     assert_eq!(lb.services.keys().count(), 1, "the pinned services map is the one written before");
 }
+
+/// UDP sockets inside the namespace answering each datagram with `echo`, one per address.
+fn udp_echoes(sandbox: &Sandbox, count: usize) -> Vec<SocketAddr> {
+    let file = std::fs::File::open(format!("/run/netns/{}", sandbox.netns)).expect("netns file");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let sockets: Vec<std::net::UdpSocket> =
+            (0..count).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("bind")).collect();
+        sender.send(sockets.iter().map(|s| s.local_addr().expect("address")).collect::<Vec<_>>()).expect("send");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut buf = [0u8; 64];
+        while Instant::now() < deadline {
+            let mut idle = true;
+            for socket in &sockets {
+                socket.set_nonblocking(true).expect("nonblocking");
+                if let Ok((_, from)) = socket.recv_from(&mut buf) {
+                    let _ = socket.send_to(b"echo", from);
+                    idle = false;
+                }
+            }
+            if idle {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    });
+    receiver.recv_timeout(Duration::from_secs(5)).expect("echo addresses")
+}
+
+#[test]
+fn an_unconnected_udp_socket_that_asked_four_services_sees_each_reply_come_from_the_service_it_asked() {
+    if !is_root() {
+        return;
+    }
+    let sandbox = Sandbox::new("udprev");
+    let echoes = udp_echoes(&sandbox, 4);
+    let options = sandbox.options();
+    let mut lb = SockLb::open(&options, 0).expect("loading and attaching the balancer");
+    for (i, echo) in echoes.iter().enumerate() {
+        insert_service(&mut lb, &format!("198.19.0.{}:53", 40 + i), PROTO_UDP, 10 + i as u32, &[*echo], 0);
+    }
+    // One socket sends to all four Services before reading any reply: recvfrom must name
+    // the Service each reply stands for, not the endpoint, for every one of them.
+    let script = sandbox.bpf_root.path().join("client.py");
+    std::fs::write(
+        &script,
+        "import socket\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.settimeout(2)\n\
+         for i in range(4):\n    s.sendto(b'q', ('198.19.0.%d' % (40 + i), 53))\n\
+         print(sorted('%s:%d' % s.recvfrom(64)[1] for _ in range(4)))\n",
+    )
+    .expect("writing the client");
+    let (ok, out) = sandbox.shell(&format!("python3 {}", script.display()));
+    assert!(ok, "the client failed: {out}");
+    assert_eq!(
+        out.trim(),
+        "['198.19.0.40:53', '198.19.0.41:53', '198.19.0.42:53', '198.19.0.43:53']",
+        "every reply shows its Service (the endpoints are {echoes:?})"
+    );
+    drop(lb);
+}
