@@ -44,5 +44,5 @@ pub use manifests::{
     ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, Position, load_directory,
     parse_manifest_text,
 };
-pub use store::StoreCounters;
+pub use store::{Phases, StoreCounters};
 pub use watch::{DEFAULT_POLL_INTERVAL, DirectoryWatcher};

@@ -24,7 +24,7 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
@@ -32,6 +32,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use svcplane_controller::load_balancer::LoadBalancerIPPool;
 use tracing::debug;
+
+use crate::held::PodRecord;
 
 /// The namespace of a namespaced object whose manifest does not name one.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -435,7 +437,8 @@ pub(crate) struct ParsedObject {
 pub(crate) enum AnyObject {
     // Boxed: the k8s-openapi structs are kilobytes each, and of very different sizes.
     Service(Box<Service>),
-    Pod(Box<Pod>),
+    /// Read straight into the compact record (see `held`).
+    Pod(Box<PodRecord>),
     Node(Box<Node>),
     Slice(Box<EndpointSlice>),
     Pool(Box<LoadBalancerIPPool>),
@@ -452,23 +455,24 @@ impl AnyObject {
         }
     }
 
-    pub(crate) fn metadata(&self) -> &ObjectMeta {
+    /// The metadata of every kind but Pods (whose record keeps name and namespace only).
+    fn metadata_mut(&mut self) -> Option<&mut ObjectMeta> {
         match self {
-            AnyObject::Service(o) => &o.metadata,
-            AnyObject::Pod(o) => &o.metadata,
-            AnyObject::Node(o) => &o.metadata,
-            AnyObject::Slice(o) => &o.metadata,
-            AnyObject::Pool(o) => &o.metadata,
+            AnyObject::Service(o) => Some(&mut o.metadata),
+            AnyObject::Pod(_) => None,
+            AnyObject::Node(o) => Some(&mut o.metadata),
+            AnyObject::Slice(o) => Some(&mut o.metadata),
+            AnyObject::Pool(o) => Some(&mut o.metadata),
         }
     }
 
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+    fn name(&self) -> Option<&str> {
         match self {
-            AnyObject::Service(o) => &mut o.metadata,
-            AnyObject::Pod(o) => &mut o.metadata,
-            AnyObject::Node(o) => &mut o.metadata,
-            AnyObject::Slice(o) => &mut o.metadata,
-            AnyObject::Pool(o) => &mut o.metadata,
+            AnyObject::Service(o) => o.metadata.name.as_deref(),
+            AnyObject::Pod(o) => Some(o.name()),
+            AnyObject::Node(o) => o.metadata.name.as_deref(),
+            AnyObject::Slice(o) => o.metadata.name.as_deref(),
+            AnyObject::Pool(o) => o.metadata.name.as_deref(),
         }
     }
 
@@ -489,7 +493,16 @@ impl AnyObject {
     }
 
     pub(crate) fn reference(&self) -> ObjectRef {
-        ObjectRef::from_meta(self.kind(), self.metadata())
+        match self {
+            AnyObject::Pod(pod) => {
+                let namespace = Some(pod.namespace()).filter(|ns| !ns.is_empty()).unwrap_or(DEFAULT_NAMESPACE);
+                ObjectRef::new(ObjectKind::Pod, namespace, pod.name())
+            }
+            AnyObject::Service(o) => ObjectRef::from_meta(ObjectKind::Service, &o.metadata),
+            AnyObject::Node(o) => ObjectRef::from_meta(ObjectKind::Node, &o.metadata),
+            AnyObject::Slice(o) => ObjectRef::from_meta(ObjectKind::EndpointSlice, &o.metadata),
+            AnyObject::Pool(o) => ObjectRef::from_meta(ObjectKind::LoadBalancerIPPool, &o.metadata),
+        }
     }
 }
 
@@ -533,7 +546,7 @@ impl Assembler {
         let objects = &mut self.loaded.objects;
         match parsed.object {
             AnyObject::Service(o) => objects.services.push(*o),
-            AnyObject::Pod(o) => objects.pods.push(*o),
+            AnyObject::Pod(o) => objects.pods.push(o.to_pod()),
             AnyObject::Node(o) => objects.nodes.push(*o),
             AnyObject::Slice(o) => objects.slices.push(*o),
             AnyObject::Pool(o) => objects.pools.push(*o),
@@ -1050,15 +1063,23 @@ fn parse_list(mut list: Value, item_kind: Option<ObjectKind>, position: &Positio
 /// Checks the name, defaults the namespace and keeps the object.
 fn accept(mut object: AnyObject, position: Position, out: &mut FileContents) {
     let kind = object.kind();
-    let meta = object.metadata_mut();
-    if meta.name.as_deref().is_none_or(str::is_empty) {
+    if object.name().is_none_or(str::is_empty) {
         out.errors.push(ManifestError::MissingName { position, kind });
         return;
     }
-    if !kind.is_namespaced() {
-        meta.namespace = None;
-    } else if meta.namespace.as_deref().is_none_or(str::is_empty) {
-        meta.namespace = Some(DEFAULT_NAMESPACE.to_owned());
+    match object.metadata_mut() {
+        Some(meta) if !kind.is_namespaced() => meta.namespace = None,
+        Some(meta) if meta.namespace.as_deref().is_none_or(str::is_empty) => {
+            meta.namespace = Some(DEFAULT_NAMESPACE.to_owned());
+        }
+        Some(_) => {}
+        None => {
+            if let AnyObject::Pod(pod) = &mut object
+                && pod.namespace().is_empty()
+            {
+                pod.set_namespace(DEFAULT_NAMESPACE);
+            }
+        }
     }
     out.objects.push(ParsedObject { object, position });
 }
