@@ -34,6 +34,7 @@ use svcplane_controller::load_balancer::LoadBalancerIPPool;
 use tracing::debug;
 
 use crate::held::PodRecord;
+use crate::simple_yaml;
 
 /// The namespace of a namespaced object whose manifest does not name one.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -937,6 +938,14 @@ fn parse_yaml_document(file: &Arc<Path>, document: &Document<'_>, index: Option<
 
     match classify(&api_version, &kind) {
         Class::Object(kind) => {
+            // Plain documents are read by the fast reader; anything it leaves, or whose value
+            // does not decode, goes through the full parser (whose errors carry lines).
+            if let Some(value) = simple_yaml::parse(text)
+                && let Ok(object) = decode_object(kind, value)
+            {
+                accept(object, position, out);
+                return;
+            }
             let decoded = match kind {
                 ObjectKind::Service => parse_yaml(text).map(|o| AnyObject::Service(Box::new(o))),
                 ObjectKind::Pod => parse_yaml(text).map(|o| AnyObject::Pod(Box::new(o))),
@@ -961,6 +970,17 @@ fn parse_yaml_document(file: &Arc<Path>, document: &Document<'_>, index: Option<
             debug!(file = %file.display(), %api_version, %kind, "ignoring an object of a kind svcplane does not use");
         }
     }
+}
+
+/// An object of `kind` from its JSON value.
+fn decode_object(kind: ObjectKind, value: Value) -> Result<AnyObject, Failure> {
+    Ok(match kind {
+        ObjectKind::Service => AnyObject::Service(Box::new(decode_value(value)?)),
+        ObjectKind::Pod => AnyObject::Pod(Box::new(decode_value(value)?)),
+        ObjectKind::Node => AnyObject::Node(Box::new(decode_value(value)?)),
+        ObjectKind::EndpointSlice => AnyObject::Slice(Box::new(decode_value(value)?)),
+        ObjectKind::LoadBalancerIPPool => AnyObject::Pool(Box::new(decode_value(value)?)),
+    })
 }
 
 fn not_an_object(position: Position) -> ManifestError {
@@ -1016,19 +1036,10 @@ fn parse_value(value: Value, default_kind: Option<ObjectKind>, position: Positio
         }
     };
     match class {
-        Class::Object(kind) => {
-            let decoded = match kind {
-                ObjectKind::Service => decode_value(value).map(|o| AnyObject::Service(Box::new(o))),
-                ObjectKind::Pod => decode_value(value).map(|o| AnyObject::Pod(Box::new(o))),
-                ObjectKind::Node => decode_value(value).map(|o| AnyObject::Node(Box::new(o))),
-                ObjectKind::EndpointSlice => decode_value(value).map(|o| AnyObject::Slice(Box::new(o))),
-                ObjectKind::LoadBalancerIPPool => decode_value(value).map(|o| AnyObject::Pool(Box::new(o))),
-            };
-            match decoded {
-                Ok(object) => accept(object, position, out),
-                Err(failure) => out.errors.push(failure.into_error(position, 1, header.object_ref(kind))),
-            }
-        }
+        Class::Object(kind) => match decode_object(kind, value) {
+            Ok(object) => accept(object, position, out),
+            Err(failure) => out.errors.push(failure.into_error(position, 1, header.object_ref(kind))),
+        },
         Class::List(item_kind) => parse_list(value, item_kind, &position, out),
         Class::Other => debug!(
             file = %position.file.display(),
@@ -1155,6 +1166,34 @@ metadata: {name: web-2}
 spec:
   containers: [{name: app, image: app}]
 ";
+
+    #[test]
+    fn a_plain_document_read_by_the_fast_reader_is_the_object_the_yaml_parser_reads() {
+        let service = "apiVersion: v1\nkind: Service\nmetadata:\n  name: svc-1\n  namespace: bench\nspec:\n  type: NodePort\n  clusterIP: 198.19.0.16\n  selector:\n    app: svc-1\n  ports:\n    - name: http\n      protocol: TCP\n      port: 80\n      targetPort: 8080\n    - name: named\n      port: 81\n      targetPort: http\n";
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: svc-1-0\n  namespace: bench\n  uid: u-1\n  labels:\n    app: svc-1\n  deletionTimestamp: 2026-01-01T00:00:00Z\nspec:\n  nodeName: node2\n  hostname: a\n  containers:\n  - name: app\n    image: bench\n    ports:\n    - name: http\n      containerPort: 8080\nstatus:\n  phase: Running\n  podIP: 198.18.160.1\n  podIPs:\n    - ip: 198.18.160.1\n  conditions:\n    - type: Ready\n      status: \"True\"\n";
+        let slice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  labels:\n    kubernetes.io/service-name: web\naddressType: IPv4\nports:\n  - port: 8080\nendpoints:\n  - addresses:\n      - 198.18.0.2\n    conditions:\n      ready: true\n";
+        let service_fast = decode_object(ObjectKind::Service, simple_yaml::parse(service).unwrap()).unwrap();
+        let service_full = AnyObject::Service(Box::new(parse_yaml(service).unwrap()));
+        assert_eq!(service_fast, service_full);
+        let pod_fast = decode_object(ObjectKind::Pod, simple_yaml::parse(pod).unwrap()).unwrap();
+        let pod_full = AnyObject::Pod(Box::new(parse_yaml(pod).unwrap()));
+        assert_eq!(pod_fast, pod_full);
+        let slice_fast = decode_object(ObjectKind::EndpointSlice, simple_yaml::parse(slice).unwrap()).unwrap();
+        let slice_full = AnyObject::Slice(Box::new(parse_yaml(slice).unwrap()));
+        assert_eq!(slice_fast, slice_full);
+    }
+
+    #[test]
+    fn a_plain_document_with_a_wrong_type_still_gets_the_yaml_parser_s_error_with_its_line() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports:\n    - name: http\n      port: eighty\n";
+        assert!(simple_yaml::parse(text).is_some(), "plain enough for the fast reader");
+        let loaded = parse_manifest_text(Path::new("web.yaml"), text);
+        let messages = messages(&loaded);
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        assert!(messages[0].starts_with("web.yaml:8"), "{messages:?}");
+        assert!(messages[0].contains("Service default/web"), "{messages:?}");
+        assert!(messages[0].contains("spec.ports[0].port"), "{messages:?}");
+    }
 
     #[test]
     fn one_file_s_text_parses_as_the_same_file_loaded_from_a_directory_does() {
