@@ -12,6 +12,9 @@
 //! add and remove ratios near 1. Cold also gets its kernel floor: the ruleset the proxy
 //! programmed, dumped and loaded again by `nft -f` into an empty ruleset.
 //!
+//! `--program NAME=PATH` (repeatable) measures other builds of `svcplane` in turn, in the
+//! same lab and run (the echo servers stay this build's).
+//!
 //! Measures, each `--repeat`
 //! times: **cold** (process start to the last Service answering, from an empty ruleset),
 //! **add** (a new file with a Service and its Pod written, to that Service answering),
@@ -52,10 +55,13 @@ struct Args {
     baseline_services: usize,
     endpoints: usize,
     repeat: usize,
+    /// `--program NAME=PATH`, repeatable: the `svcplane` binaries to measure in turn (to
+    /// compare builds in one run); this build's alone when none is given.
+    programs: Vec<(String, PathBuf)>,
 }
 
 fn args() -> anyhow::Result<Args> {
-    let mut args = Args { services: 10_000, baseline_services: 100, endpoints: 10, repeat: 3 };
+    let mut args = Args { services: 10_000, baseline_services: 100, endpoints: 10, repeat: 3, programs: Vec::new() };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -64,6 +70,12 @@ fn args() -> anyhow::Result<Args> {
             "--baseline-services" => args.baseline_services = value()?.parse()?,
             "--endpoints" => args.endpoints = value()?.parse()?,
             "--repeat" => args.repeat = value()?.parse()?,
+            "--program" => {
+                let value = value()?;
+                let (name, path) = value.split_once('=').context("--program NAME=PATH")?;
+                ensure!(Path::new(path).is_file(), "--program {name}: {path} is not a file");
+                args.programs.push((name.to_owned(), PathBuf::from(path)));
+            }
             "--bench" => {}
             other => bail!("unknown argument {other}"),
         }
@@ -387,6 +399,22 @@ fn main() -> anyhow::Result<()> {
         real_pods: [lab.pod("node1-pod1").ip_v4(), lab.pod("node1-pod2").ip_v4()],
         added_pod: lab.pod("node1-pod3").ip_v4(),
     };
+    let programs = if args.programs.is_empty() {
+        vec![("this build".to_owned(), bench.program.clone())]
+    } else {
+        args.programs.clone()
+    };
+    let mut bench = bench;
+    for (name, program) in programs {
+        bench.program = program;
+        println!("\n{name}: {}\n", bench.program.display());
+        report(&bench, &args)?;
+    }
+    Ok(())
+}
+
+/// Measures `bench.program` at the baseline size and the measured size and prints the table.
+fn report(bench: &Bench<'_>, args: &Args) -> anyhow::Result<()> {
     // The same-run baseline: the same measures with a directory of `--baseline-services`.
     let baseline = bench.measure(args.baseline_services, args.endpoints, args.repeat, 251)?;
     let measured = bench.measure(args.services, args.endpoints, args.repeat, 250)?;

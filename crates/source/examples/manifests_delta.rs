@@ -98,6 +98,9 @@ fn run_mode(mode: &str, dir: &Path, services: usize, endpoints: usize, repeat: u
     let cold_changes = read(&mut feed)?;
     let cold = started.elapsed();
     let rss_cold = status_mib("VmRSS:");
+    if incremental {
+        eprintln!("{mode}: cold read phases: {:?}", feed.phases());
+    }
     let mut edits = Vec::new();
     let mut moved = Vec::new();
     for k in 0..repeat {

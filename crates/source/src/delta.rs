@@ -29,7 +29,7 @@ use crate::convert::{FieldError, new_slice_address_errors, node_to_core, service
 use crate::diff::PartialSnapshot;
 use crate::held::{Held, PodRecord};
 use crate::manifests::{ObjectKind, ObjectRef};
-use crate::store::{DefinitionOrder, ManifestStore, ObjectChange};
+use crate::store::{DefinitionOrder, Key, ManifestStore, ObjectChange};
 
 /// `(namespace, label key, label value)` hashed: a posting-list key. A collision only adds
 /// candidates, which the full selector check then drops.
@@ -42,31 +42,31 @@ fn label_key(namespace: &str, key: &str, value: &str) -> u64 {
 /// What the incremental controller remembers between edits.
 #[derive(Debug, Default)]
 pub(crate) struct DeltaState {
-    services: BTreeMap<ObjectRef, Arc<Held>>,
-    pods: HashMap<ObjectRef, Arc<Held>>,
-    nodes: BTreeMap<ObjectRef, Arc<Held>>,
+    services: BTreeMap<Key, Arc<Held>>,
+    pods: HashMap<Key, Arc<Held>>,
+    nodes: BTreeMap<Key, Arc<Held>>,
     /// The Nodes as the slice planner wants them (zones), rebuilt when one changes.
     node_list: Vec<Node>,
-    pools: BTreeMap<ObjectRef, Arc<Held>>,
+    pools: BTreeMap<Key, Arc<Held>>,
     /// EndpointSlices written by hand (not ours).
-    slices: BTreeMap<ObjectRef, Arc<Held>>,
+    slices: BTreeMap<Key, Arc<Held>>,
     /// Pods by `(namespace, key, value)` of each label.
-    pods_by_label: HashMap<u64, HashSet<ObjectRef>>,
+    pods_by_label: HashMap<u64, HashSet<Key>>,
     /// Services with a selector by `(namespace, key, value)` of their selector's first label.
-    services_by_selector: HashMap<u64, BTreeSet<ObjectRef>>,
+    services_by_selector: HashMap<u64, BTreeSet<Key>>,
     /// Services as allocated.
-    allocated: HashMap<ObjectRef, Service>,
+    allocated: HashMap<Key, Service>,
     /// With LoadBalancerIPPools: every allocated Service after load balancer assignment.
-    with_load_balancers: HashMap<ObjectRef, Service>,
+    with_load_balancers: HashMap<Key, Service>,
     /// Services refused by the allocator or the planner, with why.
-    refused: BTreeMap<ObjectRef, Vec<ControllerError>>,
+    refused: BTreeMap<Key, Vec<ControllerError>>,
     load_balancer_problems: Vec<String>,
     /// The core names of the slices generated for each Service.
-    generated: HashMap<ObjectRef, Vec<NamespacedName>>,
+    generated: HashMap<Key, Vec<NamespacedName>>,
     /// Whether the allocator has had its first, full pass.
     allocated_once: bool,
     /// Conversion problems, by the Service (with its generated slices) or hand-written slice.
-    convert_errors: BTreeMap<ObjectRef, Vec<FieldError>>,
+    convert_errors: BTreeMap<Key, Vec<FieldError>>,
 }
 
 /// What one step produced.
@@ -88,10 +88,10 @@ impl DeltaState {
         allocator: &mut Allocator,
     ) -> DeltaOutput {
         let mut output = DeltaOutput::default();
-        let mut affected: BTreeSet<ObjectRef> = BTreeSet::new();
-        let mut services_changed: BTreeSet<ObjectRef> = BTreeSet::new();
-        let mut slices_changed: Vec<ObjectRef> = Vec::new();
-        let mut nodes_changed: Vec<ObjectRef> = Vec::new();
+        let mut affected: BTreeSet<Key> = BTreeSet::new();
+        let mut services_changed: BTreeSet<Key> = BTreeSet::new();
+        let mut slices_changed: Vec<Key> = Vec::new();
+        let mut nodes_changed: Vec<Key> = Vec::new();
         let mut pools_changed = false;
         for (reference, new) in changes {
             match reference.kind {
@@ -171,13 +171,13 @@ impl DeltaState {
         }
 
         // Allocation: the changed Services, and the refused ones again (they may fit now).
-        let retried: Vec<ObjectRef> = self.refused.keys().filter(|r| !services_changed.contains(r)).cloned().collect();
+        let retried: Vec<Key> = self.refused.keys().filter(|r| !services_changed.contains(*r)).cloned().collect();
         if !services_changed.is_empty() || !retried.is_empty() {
-            let mut settle: Vec<(Option<DefinitionOrder<'_>>, Service)> = Vec::new();
+            let mut settle: Vec<(Option<DefinitionOrder<'_>>, Key, Service)> = Vec::new();
             let mut removed: Vec<ObjectKey> = Vec::new();
             for reference in services_changed.iter().chain(&retried) {
                 match self.services.get(reference).and_then(|o| o.as_service()) {
-                    Some(service) => settle.push((store.order_of(reference), service.clone())),
+                    Some(service) => settle.push((store.order_of(reference), Arc::clone(reference), service.clone())),
                     None => {
                         removed.push(ObjectKey::new(reference.namespace.clone(), reference.name.clone()));
                         self.allocated.remove(reference);
@@ -190,7 +190,8 @@ impl DeltaState {
             // allocator gives a ClusterIP asked for by two Services to the first one it
             // sees, and a complete read shows them in that order.
             settle.sort_by(|a, b| a.0.cmp(&b.0));
-            let settle: Vec<Service> = settle.into_iter().map(|(_, service)| service).collect();
+            let (keys, settle): (Vec<Key>, Vec<Service>) =
+                settle.into_iter().map(|(_, key, service)| (key, service)).unzip();
             // The first time, every Service is here: a full pass also releases what a restored
             // record holds for Services that are gone.
             let outcome = if std::mem::replace(&mut self.allocated_once, true) {
@@ -199,8 +200,8 @@ impl DeltaState {
                 allocator.allocate(&settle)
             };
             output.allocations_changed = outcome.changed;
-            for (service, result) in settle.iter().zip(outcome.services) {
-                let reference = ObjectRef::from_meta(ObjectKind::Service, &service.metadata);
+            drop(settle);
+            for (reference, result) in keys.into_iter().zip(outcome.services) {
                 match result {
                     Ok(filled) => {
                         self.refused.remove(&reference);
@@ -219,7 +220,7 @@ impl DeltaState {
 
         if pools_changed || (!self.pools.is_empty() && !services_changed.is_empty()) {
             let pools: Vec<LoadBalancerIPPool> = self.pools.values().filter_map(|o| o.as_pool()).cloned().collect();
-            let mut references: Vec<ObjectRef> = self.allocated.keys().cloned().collect();
+            let mut references: Vec<Key> = self.allocated.keys().cloned().collect();
             references.sort_unstable();
             let mut services: Vec<Service> = references.iter().map(|r| self.allocated[r].clone()).collect();
             self.load_balancer_problems =
@@ -247,7 +248,7 @@ impl DeltaState {
     }
 
     /// Plans, converts and hands over one Service and its generated slices (or their removal).
-    fn publish_service(&mut self, reference: &ObjectRef, partial: &mut PartialSnapshot) {
+    fn publish_service(&mut self, reference: &Key, partial: &mut PartialSnapshot) {
         let name = NamespacedName::new(reference.namespace.clone(), reference.name.clone());
         self.convert_errors.remove(reference);
         let old_slices = self.generated.remove(reference).unwrap_or_default();
@@ -301,7 +302,7 @@ impl DeltaState {
     }
 
     /// Converts and hands over one hand-written slice (or its removal).
-    fn publish_slice(&mut self, reference: &ObjectRef, partial: &mut PartialSnapshot) {
+    fn publish_slice(&mut self, reference: &Key, partial: &mut PartialSnapshot) {
         self.convert_errors.remove(reference);
         let slice = self.slices.get(reference).and_then(|o| o.as_slice()).filter(|slice| !is_managed_by_us(slice));
         let mut published = false;
@@ -340,14 +341,14 @@ impl DeltaState {
         pods.iter().filter_map(|pod| self.pods.get(pod).and_then(|o| o.as_pod())).map(PodRecord::to_pod).collect()
     }
 
-    fn index_service(&mut self, reference: &ObjectRef, service: &Service) {
+    fn index_service(&mut self, reference: &Key, service: &Service) {
         if let Some((key, value)) = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()?.iter().next()) {
             let posting = label_key(&reference.namespace, key, value);
             self.services_by_selector.entry(posting).or_default().insert(reference.clone());
         }
     }
 
-    fn unindex_service(&mut self, reference: &ObjectRef, service: &Service) {
+    fn unindex_service(&mut self, reference: &Key, service: &Service) {
         if let Some((key, value)) = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()?.iter().next()) {
             let posting = label_key(&reference.namespace, key, value);
             if let Some(services) = self.services_by_selector.get_mut(&posting) {
@@ -360,7 +361,7 @@ impl DeltaState {
     }
 
     /// Adds the Services of `namespace` whose selector matches the labels of `pod`.
-    fn services_selecting(&self, namespace: &str, pod: &PodRecord, found: &mut BTreeSet<ObjectRef>) {
+    fn services_selecting(&self, namespace: &str, pod: &PodRecord, found: &mut BTreeSet<Key>) {
         for (key, value) in pod.labels() {
             let Some(services) = self.services_by_selector.get(&label_key(namespace, key, value)) else { continue };
             for reference in services {

@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 use svcplane_controller::{AllocationRecord, Allocator, AllocatorConfig, ConfigError, Reconciled, RecordError};
 use svcplane_core::Change;
 use svcplane_core::discovery::ClusterView;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::delta::DeltaState;
 use crate::diff::SnapshotDiffer;
 use crate::dns_view::dns_view;
 use crate::manifests::{ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, load_directory};
-use crate::store::StoreCounters;
+use crate::store::{Phases, StoreCounters};
 use crate::watch::{DEFAULT_POLL_INTERVAL, DirectoryWatcher, Scan, sleep_unless_stopped};
 
 /// The shortest pause between two looks at the directory by [`ManifestsFeed::spawn_changes`].
@@ -76,6 +76,7 @@ pub struct ManifestsFeed {
     watcher: Option<DirectoryWatcher>,
     delta: DeltaState,
     last_touched: usize,
+    phases: Phases,
     /// The problems last reported, so an unchanged broken file is not reported on every read.
     reported: Vec<String>,
     warned_unlisted: bool,
@@ -100,6 +101,7 @@ impl ManifestsFeed {
             watcher: None,
             delta: DeltaState::default(),
             last_touched: 0,
+            phases: Phases::default(),
             reported: Vec::new(),
             warned_unlisted: false,
         })
@@ -182,7 +184,10 @@ impl ManifestsFeed {
             Scan::Changed(changed) => changed,
         };
         let store = watcher.store();
+        let mut phases = watcher.phases();
+        let started = Instant::now();
         let output = self.delta.apply(changed, store, &mut self.allocator);
+        phases.controller = started.elapsed();
         let mut problems: Vec<String> = store.errors().iter().map(ToString::to_string).collect();
         problems.extend(self.delta.problems(store));
         self.report(problems);
@@ -190,9 +195,17 @@ impl ManifestsFeed {
             self.save_allocations();
         }
         self.last_touched = output.services_touched;
+        let started = Instant::now();
         let changes = self.differ.apply(output.partial);
-        debug!(changes = changes.len(), services = self.last_touched, "manifests changed");
+        phases.diff = started.elapsed();
+        self.phases = phases;
+        debug!(changes = changes.len(), services = self.last_touched, ?phases, "manifests changed");
         Some(changes)
+    }
+
+    /// Where the time of the last [`Self::poll_changes`] that found a change went.
+    pub fn phases(&self) -> Phases {
+        self.phases
     }
 
     /// Files read and documents parsed by [`Self::poll_changes`] so far.
@@ -224,10 +237,28 @@ impl ManifestsFeed {
             .name("manifests-feed".to_owned())
             .spawn(move || {
                 let mut first = true;
+                let mut logged = false;
                 while !stop.load(Ordering::Acquire) {
                     let started = Instant::now();
+                    let changes = self.poll_changes();
+                    if !logged && let Some(changes) = &changes {
+                        logged = true;
+                        let phases = self.phases;
+                        info!(
+                            changes = changes.len(),
+                            elapsed = ?started.elapsed(),
+                            list = ?phases.list,
+                            read = ?phases.read,
+                            split = ?phases.split,
+                            parse = ?phases.parse,
+                            store = ?phases.store,
+                            controller = ?phases.controller,
+                            diff = ?phases.diff,
+                            "manifests read"
+                        );
+                    }
                     // The first state is sent even when empty: it says the state is known.
-                    if let Some(changes) = self.poll_changes()
+                    if let Some(changes) = changes
                         && (!changes.is_empty() || std::mem::take(&mut first))
                         && sender.send(changes).is_err()
                     {

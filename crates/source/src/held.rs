@@ -1,6 +1,7 @@
 //! What the store keeps of each object between edits: Pods as a compact [`PodRecord`]
 //! (only what EndpointSlice planning and cluster DNS read: a few hundred bytes instead of the
-//! several kilobytes of a parsed `k8s-openapi` Pod), every other kind as parsed.
+//! several kilobytes of a parsed `k8s-openapi` Pod, and parsed straight into that record),
+//! every other kind as parsed.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +10,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use serde::{Deserialize, Deserializer};
 use svcplane_controller::load_balancer::LoadBalancerIPPool;
 
 use crate::manifests::AnyObject;
@@ -24,15 +26,15 @@ impl Held {
     /// Keeps `object` compactly (Pods lose every field the controller does not read).
     pub(crate) fn new(object: AnyObject) -> Self {
         match object {
-            AnyObject::Pod(pod) => Held::Pod(Box::new(PodRecord::of(*pod))),
+            AnyObject::Pod(pod) => Held::Pod(pod),
             other => Held::Other(other),
         }
     }
 
-    /// The object as the complete-read paths want it (a Pod rebuilt from its record).
+    /// The object as the complete-read paths want it.
     pub(crate) fn to_object(&self) -> AnyObject {
         match self {
-            Held::Pod(record) => AnyObject::Pod(Box::new(record.to_pod())),
+            Held::Pod(record) => AnyObject::Pod(record.clone()),
             Held::Other(object) => object.clone(),
         }
     }
@@ -87,10 +89,95 @@ fn boxed(text: Option<String>) -> Option<Box<str>> {
     text.map(String::into_boxed_str)
 }
 
+/// A Pod manifest as the record reads it: only the fields [`PodRecord`] keeps, every other
+/// field skipped by the parser (no `k8s-openapi` Pod is built: parsing one allocated
+/// several kilobytes per Pod, most of it for fields nothing here reads). Optional
+/// everywhere, so that `null` and a missing field mean the same, as for `k8s-openapi`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PodDocument {
+    metadata: Option<PodMetadata>,
+    spec: Option<PodSpecDocument>,
+    status: Option<PodStatusDocument>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PodMetadata {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(rename = "deletionTimestamp")]
+    deletion_timestamp: Option<Time>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PodSpecDocument {
+    #[serde(rename = "nodeName")]
+    node_name: Option<String>,
+    hostname: Option<String>,
+    subdomain: Option<String>,
+    containers: Option<Vec<ContainerDocument>>,
+    #[serde(rename = "initContainers")]
+    init_containers: Option<Vec<ContainerDocument>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ContainerDocument {
+    #[serde(rename = "restartPolicy")]
+    restart_policy: Option<String>,
+    ports: Option<Vec<ContainerPortDocument>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ContainerPortDocument {
+    name: Option<String>,
+    protocol: Option<String>,
+    #[serde(rename = "containerPort")]
+    container_port: i32,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PodStatusDocument {
+    phase: Option<String>,
+    #[serde(rename = "podIP")]
+    pod_ip: Option<String>,
+    #[serde(rename = "podIPs")]
+    pod_ips: Option<Vec<PodIpDocument>>,
+    conditions: Option<Vec<ConditionDocument>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PodIpDocument {
+    ip: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ConditionDocument {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
+}
+
+impl<'de> Deserialize<'de> for PodRecord {
+    /// Reads a Pod manifest straight into its record (see [`PodDocument`]); errors name
+    /// the field, as a `k8s-openapi` Pod's did, for the fields read.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        PodDocument::deserialize(deserializer).map(PodRecord::from_document)
+    }
+}
+
 impl PodRecord {
-    pub(crate) fn of(pod: Pod) -> Self {
-        let Pod { metadata, spec, status } = pod;
-        let ObjectMeta { name, namespace, uid, labels, deletion_timestamp, .. } = metadata;
+    fn from_document(document: PodDocument) -> Self {
+        let PodDocument { metadata, spec, status } = document;
+        let PodMetadata { name, namespace, uid, labels, deletion_timestamp } = metadata.unwrap_or_default();
         let spec = spec.unwrap_or_default();
         let status = status.unwrap_or_default();
         let sidecars =
@@ -98,6 +185,7 @@ impl PodRecord {
         let ports: Vec<NamedPort> = spec
             .containers
             .into_iter()
+            .flatten()
             .chain(sidecars)
             .flat_map(|container| container.ports.into_iter().flatten())
             .filter_map(|port| Some((port.name?.into_boxed_str(), boxed(port.protocol), port.container_port)))
@@ -122,6 +210,24 @@ impl PodRecord {
             ready,
             ports: ports.into_boxed_slice(),
         }
+    }
+
+    /// The record of a `k8s-openapi` Pod (tests: the record of a Pod parsed whole).
+    #[cfg(test)]
+    pub(crate) fn of(pod: Pod) -> Self {
+        serde_json::from_value(serde_json::to_value(pod).expect("a Pod serializes")).expect("a Pod reads as a record")
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub(crate) fn set_namespace(&mut self, namespace: &str) {
+        self.namespace = namespace.into();
     }
 
     /// A Pod with just the recorded fields: planning it gives the same slices as planning

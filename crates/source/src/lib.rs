@@ -8,7 +8,9 @@
 //! - [`manifests`] loads every `*.yaml`, `*.yml` and `*.json` file of a directory into
 //!   k8s-openapi objects ([`ClusterObjects`]), remembering which file each came from and
 //!   reporting every broken document without dropping the rest; [`parse_manifest_text`]
-//!   parses one file's text the same way (the fuzz target and tests use it).
+//!   parses one file's text the same way (the fuzz target and tests use it). Plain
+//!   documents (block style, plain scalars) are read by a fast reader of that subset,
+//!   `simple_yaml`; everything else, and every document with a problem, by the YAML parser.
 //! - [`watch`] notices edits, additions and deletions in that directory; `store` keeps
 //!   the directory file by file and document by document, so an edit re-parses only the
 //!   documents whose text changed and yields only the objects that changed.
@@ -30,6 +32,7 @@ pub mod dns_view;
 pub mod feed;
 mod held;
 pub mod manifests;
+mod simple_yaml;
 mod store;
 pub mod watch;
 
@@ -44,5 +47,5 @@ pub use manifests::{
     ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, Position, load_directory,
     parse_manifest_text,
 };
-pub use store::StoreCounters;
+pub use store::{Phases, StoreCounters};
 pub use watch::{DEFAULT_POLL_INTERVAL, DirectoryWatcher};

@@ -24,7 +24,7 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
@@ -32,6 +32,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use svcplane_controller::load_balancer::LoadBalancerIPPool;
 use tracing::debug;
+
+use crate::held::PodRecord;
+use crate::simple_yaml;
 
 /// The namespace of a namespaced object whose manifest does not name one.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -435,7 +438,8 @@ pub(crate) struct ParsedObject {
 pub(crate) enum AnyObject {
     // Boxed: the k8s-openapi structs are kilobytes each, and of very different sizes.
     Service(Box<Service>),
-    Pod(Box<Pod>),
+    /// Read straight into the compact record (see `held`).
+    Pod(Box<PodRecord>),
     Node(Box<Node>),
     Slice(Box<EndpointSlice>),
     Pool(Box<LoadBalancerIPPool>),
@@ -452,23 +456,24 @@ impl AnyObject {
         }
     }
 
-    pub(crate) fn metadata(&self) -> &ObjectMeta {
+    /// The metadata of every kind but Pods (whose record keeps name and namespace only).
+    fn metadata_mut(&mut self) -> Option<&mut ObjectMeta> {
         match self {
-            AnyObject::Service(o) => &o.metadata,
-            AnyObject::Pod(o) => &o.metadata,
-            AnyObject::Node(o) => &o.metadata,
-            AnyObject::Slice(o) => &o.metadata,
-            AnyObject::Pool(o) => &o.metadata,
+            AnyObject::Service(o) => Some(&mut o.metadata),
+            AnyObject::Pod(_) => None,
+            AnyObject::Node(o) => Some(&mut o.metadata),
+            AnyObject::Slice(o) => Some(&mut o.metadata),
+            AnyObject::Pool(o) => Some(&mut o.metadata),
         }
     }
 
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+    fn name(&self) -> Option<&str> {
         match self {
-            AnyObject::Service(o) => &mut o.metadata,
-            AnyObject::Pod(o) => &mut o.metadata,
-            AnyObject::Node(o) => &mut o.metadata,
-            AnyObject::Slice(o) => &mut o.metadata,
-            AnyObject::Pool(o) => &mut o.metadata,
+            AnyObject::Service(o) => o.metadata.name.as_deref(),
+            AnyObject::Pod(o) => Some(o.name()),
+            AnyObject::Node(o) => o.metadata.name.as_deref(),
+            AnyObject::Slice(o) => o.metadata.name.as_deref(),
+            AnyObject::Pool(o) => o.metadata.name.as_deref(),
         }
     }
 
@@ -489,7 +494,16 @@ impl AnyObject {
     }
 
     pub(crate) fn reference(&self) -> ObjectRef {
-        ObjectRef::from_meta(self.kind(), self.metadata())
+        match self {
+            AnyObject::Pod(pod) => {
+                let namespace = Some(pod.namespace()).filter(|ns| !ns.is_empty()).unwrap_or(DEFAULT_NAMESPACE);
+                ObjectRef::new(ObjectKind::Pod, namespace, pod.name())
+            }
+            AnyObject::Service(o) => ObjectRef::from_meta(ObjectKind::Service, &o.metadata),
+            AnyObject::Node(o) => ObjectRef::from_meta(ObjectKind::Node, &o.metadata),
+            AnyObject::Slice(o) => ObjectRef::from_meta(ObjectKind::EndpointSlice, &o.metadata),
+            AnyObject::Pool(o) => ObjectRef::from_meta(ObjectKind::LoadBalancerIPPool, &o.metadata),
+        }
     }
 }
 
@@ -533,7 +547,7 @@ impl Assembler {
         let objects = &mut self.loaded.objects;
         match parsed.object {
             AnyObject::Service(o) => objects.services.push(*o),
-            AnyObject::Pod(o) => objects.pods.push(*o),
+            AnyObject::Pod(o) => objects.pods.push(o.to_pod()),
             AnyObject::Node(o) => objects.nodes.push(*o),
             AnyObject::Slice(o) => objects.slices.push(*o),
             AnyObject::Pool(o) => objects.pools.push(*o),
@@ -924,6 +938,14 @@ fn parse_yaml_document(file: &Arc<Path>, document: &Document<'_>, index: Option<
 
     match classify(&api_version, &kind) {
         Class::Object(kind) => {
+            // Plain documents are read by the fast reader; anything it leaves, or whose value
+            // does not decode, goes through the full parser (whose errors carry lines).
+            if let Some(value) = simple_yaml::parse(text)
+                && let Ok(object) = decode_object(kind, value)
+            {
+                accept(object, position, out);
+                return;
+            }
             let decoded = match kind {
                 ObjectKind::Service => parse_yaml(text).map(|o| AnyObject::Service(Box::new(o))),
                 ObjectKind::Pod => parse_yaml(text).map(|o| AnyObject::Pod(Box::new(o))),
@@ -948,6 +970,17 @@ fn parse_yaml_document(file: &Arc<Path>, document: &Document<'_>, index: Option<
             debug!(file = %file.display(), %api_version, %kind, "ignoring an object of a kind svcplane does not use");
         }
     }
+}
+
+/// An object of `kind` from its JSON value.
+fn decode_object(kind: ObjectKind, value: Value) -> Result<AnyObject, Failure> {
+    Ok(match kind {
+        ObjectKind::Service => AnyObject::Service(Box::new(decode_value(value)?)),
+        ObjectKind::Pod => AnyObject::Pod(Box::new(decode_value(value)?)),
+        ObjectKind::Node => AnyObject::Node(Box::new(decode_value(value)?)),
+        ObjectKind::EndpointSlice => AnyObject::Slice(Box::new(decode_value(value)?)),
+        ObjectKind::LoadBalancerIPPool => AnyObject::Pool(Box::new(decode_value(value)?)),
+    })
 }
 
 fn not_an_object(position: Position) -> ManifestError {
@@ -1003,19 +1036,10 @@ fn parse_value(value: Value, default_kind: Option<ObjectKind>, position: Positio
         }
     };
     match class {
-        Class::Object(kind) => {
-            let decoded = match kind {
-                ObjectKind::Service => decode_value(value).map(|o| AnyObject::Service(Box::new(o))),
-                ObjectKind::Pod => decode_value(value).map(|o| AnyObject::Pod(Box::new(o))),
-                ObjectKind::Node => decode_value(value).map(|o| AnyObject::Node(Box::new(o))),
-                ObjectKind::EndpointSlice => decode_value(value).map(|o| AnyObject::Slice(Box::new(o))),
-                ObjectKind::LoadBalancerIPPool => decode_value(value).map(|o| AnyObject::Pool(Box::new(o))),
-            };
-            match decoded {
-                Ok(object) => accept(object, position, out),
-                Err(failure) => out.errors.push(failure.into_error(position, 1, header.object_ref(kind))),
-            }
-        }
+        Class::Object(kind) => match decode_object(kind, value) {
+            Ok(object) => accept(object, position, out),
+            Err(failure) => out.errors.push(failure.into_error(position, 1, header.object_ref(kind))),
+        },
         Class::List(item_kind) => parse_list(value, item_kind, &position, out),
         Class::Other => debug!(
             file = %position.file.display(),
@@ -1050,15 +1074,23 @@ fn parse_list(mut list: Value, item_kind: Option<ObjectKind>, position: &Positio
 /// Checks the name, defaults the namespace and keeps the object.
 fn accept(mut object: AnyObject, position: Position, out: &mut FileContents) {
     let kind = object.kind();
-    let meta = object.metadata_mut();
-    if meta.name.as_deref().is_none_or(str::is_empty) {
+    if object.name().is_none_or(str::is_empty) {
         out.errors.push(ManifestError::MissingName { position, kind });
         return;
     }
-    if !kind.is_namespaced() {
-        meta.namespace = None;
-    } else if meta.namespace.as_deref().is_none_or(str::is_empty) {
-        meta.namespace = Some(DEFAULT_NAMESPACE.to_owned());
+    match object.metadata_mut() {
+        Some(meta) if !kind.is_namespaced() => meta.namespace = None,
+        Some(meta) if meta.namespace.as_deref().is_none_or(str::is_empty) => {
+            meta.namespace = Some(DEFAULT_NAMESPACE.to_owned());
+        }
+        Some(_) => {}
+        None => {
+            if let AnyObject::Pod(pod) = &mut object
+                && pod.namespace().is_empty()
+            {
+                pod.set_namespace(DEFAULT_NAMESPACE);
+            }
+        }
     }
     out.objects.push(ParsedObject { object, position });
 }
@@ -1134,6 +1166,34 @@ metadata: {name: web-2}
 spec:
   containers: [{name: app, image: app}]
 ";
+
+    #[test]
+    fn a_plain_document_read_by_the_fast_reader_is_the_object_the_yaml_parser_reads() {
+        let service = "apiVersion: v1\nkind: Service\nmetadata:\n  name: svc-1\n  namespace: bench\nspec:\n  type: NodePort\n  clusterIP: 198.19.0.16\n  selector:\n    app: svc-1\n  ports:\n    - name: http\n      protocol: TCP\n      port: 80\n      targetPort: 8080\n    - name: named\n      port: 81\n      targetPort: http\n";
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: svc-1-0\n  namespace: bench\n  uid: u-1\n  labels:\n    app: svc-1\n  deletionTimestamp: 2026-01-01T00:00:00Z\nspec:\n  nodeName: node2\n  hostname: a\n  containers:\n  - name: app\n    image: bench\n    ports:\n    - name: http\n      containerPort: 8080\nstatus:\n  phase: Running\n  podIP: 198.18.160.1\n  podIPs:\n    - ip: 198.18.160.1\n  conditions:\n    - type: Ready\n      status: \"True\"\n";
+        let slice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  labels:\n    kubernetes.io/service-name: web\naddressType: IPv4\nports:\n  - port: 8080\nendpoints:\n  - addresses:\n      - 198.18.0.2\n    conditions:\n      ready: true\n";
+        let service_fast = decode_object(ObjectKind::Service, simple_yaml::parse(service).unwrap()).unwrap();
+        let service_full = AnyObject::Service(Box::new(parse_yaml(service).unwrap()));
+        assert_eq!(service_fast, service_full);
+        let pod_fast = decode_object(ObjectKind::Pod, simple_yaml::parse(pod).unwrap()).unwrap();
+        let pod_full = AnyObject::Pod(Box::new(parse_yaml(pod).unwrap()));
+        assert_eq!(pod_fast, pod_full);
+        let slice_fast = decode_object(ObjectKind::EndpointSlice, simple_yaml::parse(slice).unwrap()).unwrap();
+        let slice_full = AnyObject::Slice(Box::new(parse_yaml(slice).unwrap()));
+        assert_eq!(slice_fast, slice_full);
+    }
+
+    #[test]
+    fn a_plain_document_with_a_wrong_type_still_gets_the_yaml_parser_s_error_with_its_line() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports:\n    - name: http\n      port: eighty\n";
+        assert!(simple_yaml::parse(text).is_some(), "plain enough for the fast reader");
+        let loaded = parse_manifest_text(Path::new("web.yaml"), text);
+        let messages = messages(&loaded);
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        assert!(messages[0].starts_with("web.yaml:8"), "{messages:?}");
+        assert!(messages[0].contains("Service default/web"), "{messages:?}");
+        assert!(messages[0].contains("spec.ports[0].port"), "{messages:?}");
+    }
 
     #[test]
     fn one_file_s_text_parses_as_the_same_file_loaded_from_a_directory_does() {

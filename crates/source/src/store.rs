@@ -16,6 +16,7 @@ use std::fs;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::held::Held;
 use crate::manifests::{
@@ -39,7 +40,11 @@ fn digest(text: &str) -> DocHash {
 
 /// One object whose winning definition changed: its new definition, or `None` when no file
 /// defines it any more.
-pub(crate) type ObjectChange = (ObjectRef, Option<Arc<Held>>);
+pub(crate) type ObjectChange = (Key, Option<Arc<Held>>);
+
+/// An object's name, allocated once and shared by the store's records and the controller
+/// step's maps and indexes (a Pod's name was held four times over).
+pub(crate) type Key = Arc<ObjectRef>;
 
 /// Where a definition stands in a complete read: file, document, object (see
 /// [`ManifestStore::order_of`]).
@@ -54,15 +59,35 @@ pub struct StoreCounters {
     pub documents_parsed: u64,
 }
 
+/// Where the time of the last look at the directory went (for the log and benchmarks).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// Listing the directory and comparing fingerprints.
+    pub list: Duration,
+    /// Reading the changed files.
+    pub read: Duration,
+    /// Splitting them into documents and hashing each document's text.
+    pub split: Duration,
+    /// Parsing the new documents (YAML / JSON into records and objects).
+    pub parse: Duration,
+    /// Taking the files' old definitions out and putting the new ones in.
+    pub store: Duration,
+    /// The controller step (allocation, slices from Pods) and the conversion to the core's model.
+    pub controller: Duration,
+    /// Comparing the converted objects with what was sent before.
+    pub diff: Duration,
+}
+
 /// Every file's documents and every object's definitions; see the module documentation.
 #[derive(Debug, Default)]
 pub(crate) struct ManifestStore {
     files: BTreeMap<Arc<Path>, FileRecord>,
-    definitions: HashMap<ObjectRef, Vec<Definition>>,
+    definitions: HashMap<Key, Vec<Definition>>,
     /// Objects with more than one definition.
-    duplicated: BTreeSet<ObjectRef>,
+    duplicated: BTreeSet<Key>,
     listing_errors: Vec<ManifestError>,
     pub(crate) counters: StoreCounters,
+    pub(crate) phases: Phases,
 }
 
 #[derive(Debug, Default)]
@@ -76,7 +101,7 @@ struct FileRecord {
 struct DocumentRecord {
     hash: Option<DocHash>,
     /// The objects it defined, in order (index = `Definition::n`).
-    objects: Vec<ObjectRef>,
+    objects: Vec<Key>,
     errors: Vec<ManifestError>,
 }
 
@@ -120,7 +145,7 @@ impl ManifestStore {
         listing_errors: Vec<ManifestError>,
     ) -> Vec<ObjectChange> {
         self.listing_errors = listing_errors;
-        let mut before: HashMap<ObjectRef, Option<Arc<Held>>> = HashMap::new();
+        let mut before: HashMap<Key, Option<Arc<Held>>> = HashMap::new();
         for path in removed {
             if let Some(record) = self.files.remove(path.as_path()) {
                 let path: Arc<Path> = Arc::from(path);
@@ -129,6 +154,7 @@ impl ManifestStore {
         }
 
         // Read every changed file, then decide document by document what to parse.
+        let started = Instant::now();
         let paths: Vec<Arc<Path>> = changed.into_iter().map(Arc::from).collect();
         let mut texts: Vec<Result<String, ManifestError>> = Vec::with_capacity(paths.len());
         for path in &paths {
@@ -138,6 +164,8 @@ impl ManifestStore {
                     .map_err(|source| ManifestError::ReadFile { path: path.to_path_buf(), source: Arc::new(source) }),
             );
         }
+        self.phases.read = started.elapsed();
+        let started = Instant::now();
         let mut work: Vec<Work<'_>> = Vec::new();
         let mut plans: Vec<Vec<(Option<DocHash>, Source)>> = Vec::with_capacity(paths.len());
         for (file, (path, text)) in paths.iter().zip(&texts).enumerate() {
@@ -171,6 +199,8 @@ impl ManifestStore {
             }
             plans.push(plan);
         }
+        self.phases.split = started.elapsed();
+        let started = Instant::now();
         // Only the documents not reused are parsed (on several threads when there is much).
         let needed: Vec<usize> = plans
             .iter()
@@ -188,6 +218,8 @@ impl ManifestStore {
             .copied()
             .zip(parse_work(&selected, &paths).into_iter().map(|(_, contents)| contents))
             .collect();
+        self.phases.parse = started.elapsed();
+        let started = Instant::now();
 
         for ((path, text), plan) in paths.iter().zip(texts.iter()).zip(plans) {
             let old = self.files.remove(path).unwrap_or_default();
@@ -218,7 +250,7 @@ impl ManifestStore {
                         let contents = results.remove(&work_index).unwrap_or_default();
                         errors = contents.errors;
                         for (n, ParsedObject { object, position }) in contents.objects.into_iter().enumerate() {
-                            let reference = object.reference();
+                            let reference = self.key(object.reference());
                             before.entry(reference.clone()).or_insert_with(|| winner(&self.definitions, &reference));
                             objects.push(reference.clone());
                             let definition = Definition {
@@ -250,6 +282,7 @@ impl ManifestStore {
             })
             .collect();
         changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        self.phases.store = started.elapsed();
         changes
     }
 
@@ -259,7 +292,7 @@ impl ManifestStore {
         &mut self,
         path: &Arc<Path>,
         record: &FileRecord,
-        before: &mut HashMap<ObjectRef, Option<Arc<Held>>>,
+        before: &mut HashMap<Key, Option<Arc<Held>>>,
     ) -> Vec<Vec<Definition>> {
         let mut taken = Vec::with_capacity(record.documents.len());
         for (index, document) in record.documents.iter().enumerate() {
@@ -286,7 +319,12 @@ impl ManifestStore {
         taken
     }
 
-    fn insert(&mut self, reference: ObjectRef, definition: Definition) {
+    /// The shared key of `reference`: the one already held when the object is known.
+    fn key(&self, reference: ObjectRef) -> Key {
+        self.definitions.get_key_value(&reference).map_or_else(|| Arc::new(reference), |(key, _)| Arc::clone(key))
+    }
+
+    fn insert(&mut self, reference: Key, definition: Definition) {
         let list = self.definitions.entry(reference.clone()).or_default();
         let at = list.partition_point(|d| d.order() < definition.order());
         list.insert(at, definition);
@@ -305,7 +343,7 @@ impl ManifestStore {
             for definition in later {
                 let error = ManifestError::DuplicateObject {
                     position: definition.position.clone(),
-                    object: reference.clone(),
+                    object: ObjectRef::clone(reference),
                     first: first.position.clone(),
                 };
                 duplicates.entry(&definition.file).or_default().push((definition.document, definition.n, error));
@@ -361,6 +399,6 @@ impl ManifestStore {
     }
 }
 
-fn winner(definitions: &HashMap<ObjectRef, Vec<Definition>>, reference: &ObjectRef) -> Option<Arc<Held>> {
+fn winner(definitions: &HashMap<Key, Vec<Definition>>, reference: &ObjectRef) -> Option<Arc<Held>> {
     definitions.get(reference).and_then(|list| list.first()).map(|d| Arc::clone(&d.object))
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tracing::debug;
 
 use crate::manifests::{Fingerprint, Loaded, ManifestError, list_files};
-use crate::store::{ManifestStore, ObjectChange, StoreCounters};
+use crate::store::{ManifestStore, ObjectChange, Phases, StoreCounters};
 
 /// How often [`DirectoryWatcher::run`] looks, unless told otherwise: changes show within a
 /// quarter of a second plus the time to parse them.
@@ -70,6 +70,11 @@ impl DirectoryWatcher {
         self.store.counters
     }
 
+    /// Where the time of the last look that found a change went (reading and parsing).
+    pub fn phases(&self) -> Phases {
+        self.store.phases
+    }
+
     pub(crate) fn store(&self) -> &ManifestStore {
         &self.store
     }
@@ -86,6 +91,7 @@ impl DirectoryWatcher {
     /// be listed changes nothing (the files are not forgotten) and is reported as
     /// [`Scan::Unlisted`].
     pub(crate) fn scan(&mut self, apply_unlisted: bool) -> Option<Scan> {
+        let started = Instant::now();
         let mut listing_errors = Vec::new();
         let listed = list_files(&self.dir, &mut listing_errors);
         let errors_unchanged = same_errors(&self.listing_errors, &listing_errors);
@@ -121,7 +127,10 @@ impl DirectoryWatcher {
         );
         self.listing_errors.clone_from(&listing_errors);
         self.has_polled = true;
-        Some(Scan::Changed(self.store.apply(changed, removed, listing_errors)))
+        let listing = started.elapsed();
+        let changes = self.store.apply(changed, removed, listing_errors);
+        self.store.phases.list = listing;
+        Some(Scan::Changed(changes))
     }
 
     /// Polls every `interval` and sends each new state, the first one included, until
