@@ -206,7 +206,9 @@ fn check_programmed(mode: Mode, services: usize, moved: &[(usize, IpAddr)]) -> a
         }
         Mode::Nftables | Mode::Iptables => {
             let (program, args): (&str, &[&str]) = match mode {
-                Mode::Nftables => ("nft", &["list", "table", "ip", "svcplane"]),
+                // Every table of the family: the mode spreads large plans over several
+                // (`svcplane`, `svcplane-1`, ...).
+                Mode::Nftables => ("nft", &["list", "ruleset", "ip"]),
                 _ => ("iptables-nft-save", &["-t", "nat"]),
             };
             let output = Command::new(program).args(args).output().with_context(|| format!("running {program}"))?;
@@ -220,7 +222,7 @@ fn check_programmed(mode: Mode, services: usize, moved: &[(usize, IpAddr)]) -> a
                 ensure!(text.contains(&target), "{target} (Service {}) is not in the kernel's rules", service_ip(*s));
             }
             let what =
-                if mode == Mode::Nftables { "lines in table ip svcplane" } else { "lines of iptables-save -t nat" };
+                if mode == Mode::Nftables { "lines of nft list ruleset ip" } else { "lines of iptables-save -t nat" };
             Ok(format!("{} {what}", text.lines().count()))
         }
     }
