@@ -87,6 +87,11 @@ const GUEST_TESTS: &[&str] = &[
 /// takes 10-17 s under emulation (debug build, two proxies on two emulated CPUs).
 const PROGRAMMED_IN_GUEST_WITHIN: Duration = Duration::from_secs(60);
 
+/// How long `svcplane cleanup` gets in the guest: it undoes every mode (nftables tables,
+/// iptables chains of both backends and families, ipsets, IPVS, BPF pins), about twenty
+/// program starts, each 1-3 s under emulation on a loaded machine; 30 s was once too short.
+const CLEANUP_IN_GUEST_WITHIN: Duration = Duration::from_secs(180);
+
 /// The whole batch's limit in the guest (boot included): the ipvs tables start five labs.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(40 * 60);
 
@@ -244,7 +249,12 @@ fn cleanup_removes_what_ipvs_mode_programmed(cluster: &mut Cluster) {
     assert!(services.lines().any(|line| line.starts_with("FWM")), "firewall-mark services before cleanup: {services}");
     cluster.stop_proxy(THIS_NODE);
     let lab = cluster.lab();
-    lab.exec_ok(&node, &[env!("CARGO_BIN_EXE_svcplane"), "cleanup"]).expect("svcplane cleanup");
+    let started = std::time::Instant::now();
+    let cleanup = lab
+        .exec_with_timeout(&node, &[env!("CARGO_BIN_EXE_svcplane"), "cleanup"], CLEANUP_IN_GUEST_WITHIN)
+        .expect("svcplane cleanup");
+    assert!(cleanup.status.success(), "svcplane cleanup failed: {}", String::from_utf8_lossy(&cleanup.stderr));
+    eprintln!("svcplane cleanup in the guest took {:?}", started.elapsed());
     let services = lab.exec_ok(&node, &["cat", "/proc/net/ip_vs"]).expect("reading the IPVS table");
     let left: Vec<&str> = services
         .lines()
