@@ -27,9 +27,9 @@ use svcplane_core::model::NamespacedName;
 
 use crate::convert::{FieldError, new_slice_address_errors, node_to_core, service_to_core, slice_to_core};
 use crate::diff::PartialSnapshot;
-use crate::held::{Held, PodRecord};
+use crate::held::PodRecord;
 use crate::manifests::{ObjectKind, ObjectRef};
-use crate::store::{DefinitionOrder, Key, ManifestStore, ObjectChange};
+use crate::store::{DefinitionOrder, Held, Key, ManifestStore, ObjectChange};
 
 /// `(namespace, label key, label value)` hashed: a posting-list key. A collision only adds
 /// candidates, which the full selector check then drops.

@@ -1,64 +1,13 @@
-//! What the store keeps of each object between edits: Pods as a compact [`PodRecord`]
-//! (only what EndpointSlice planning and cluster DNS read: a few hundred bytes instead of the
-//! several kilobytes of a parsed `k8s-openapi` Pod, and parsed straight into that record),
-//! every other kind as parsed.
+//! The compact record the manifests feed keeps of each Pod: [`PodRecord`] holds only what
+//! EndpointSlice planning and cluster DNS read (a few hundred bytes instead of the several
+//! kilobytes of a parsed `k8s-openapi` Pod) and is parsed straight from the document.
+//! What the store keeps of every kind (`store::Held`) is decided where the store is.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, Node, Pod, PodCondition, PodIP, PodSpec, PodStatus, Service,
-};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodCondition, PodIP, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Deserializer};
-use svcplane_controller::load_balancer::LoadBalancerIPPool;
-
-use crate::manifests::AnyObject;
-
-/// One object as the store holds it.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Held {
-    Pod(Box<PodRecord>),
-    Other(AnyObject),
-}
-
-impl Held {
-    /// Keeps `object` compactly (Pods lose every field the controller does not read).
-    pub(crate) fn new(object: AnyObject) -> Self {
-        match object {
-            AnyObject::Pod(pod) => Held::Pod(pod),
-            other => Held::Other(other),
-        }
-    }
-
-    /// The object as the complete-read paths want it.
-    pub(crate) fn to_object(&self) -> AnyObject {
-        match self {
-            Held::Pod(record) => AnyObject::Pod(record.clone()),
-            Held::Other(object) => object.clone(),
-        }
-    }
-
-    pub(crate) fn as_service(&self) -> Option<&Service> {
-        if let Held::Other(object) = self { object.as_service() } else { None }
-    }
-
-    pub(crate) fn as_pod(&self) -> Option<&PodRecord> {
-        if let Held::Pod(record) = self { Some(record) } else { None }
-    }
-
-    pub(crate) fn as_node(&self) -> Option<&Node> {
-        if let Held::Other(object) = self { object.as_node() } else { None }
-    }
-
-    pub(crate) fn as_slice(&self) -> Option<&EndpointSlice> {
-        if let Held::Other(object) = self { object.as_slice() } else { None }
-    }
-
-    pub(crate) fn as_pool(&self) -> Option<&LoadBalancerIPPool> {
-        if let Held::Other(object) = self { object.as_pool() } else { None }
-    }
-}
 
 /// The parts of a Pod that EndpointSlice planning and cluster DNS read.
 #[derive(Debug, Clone, PartialEq)]
@@ -296,7 +245,7 @@ impl PodRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::ServicePort;
+    use k8s_openapi::api::core::v1::{Service, ServicePort};
     use k8s_openapi::api::core::v1::ServiceSpec;
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 

@@ -18,11 +18,60 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::held::Held;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use svcplane_controller::load_balancer::LoadBalancerIPPool;
+
+use crate::held::PodRecord;
 use crate::manifests::{
-    Assembler, FileContents, Loaded, ManifestError, ObjectRef, ParsedObject, Position, Unit, Work, is_json, parse_work,
-    push_work,
+    AnyObject, Assembler, FileContents, Loaded, ManifestError, ObjectRef, ParsedObject, Position, Unit, Work, is_json,
+    parse_work, push_work,
 };
+
+/// One object as the store holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Held {
+    Pod(Box<PodRecord>),
+    Other(AnyObject),
+}
+
+impl Held {
+    /// Keeps `object` compactly (Pods lose every field the controller does not read).
+    pub(crate) fn new(object: AnyObject) -> Self {
+        match object {
+            AnyObject::Pod(pod) => Held::Pod(pod),
+            other => Held::Other(other),
+        }
+    }
+
+    /// The object as the complete-read paths want it.
+    pub(crate) fn to_object(&self) -> AnyObject {
+        match self {
+            Held::Pod(record) => AnyObject::Pod(record.clone()),
+            Held::Other(object) => object.clone(),
+        }
+    }
+
+    pub(crate) fn as_service(&self) -> Option<&Service> {
+        if let Held::Other(object) = self { object.as_service() } else { None }
+    }
+
+    pub(crate) fn as_pod(&self) -> Option<&PodRecord> {
+        if let Held::Pod(record) = self { Some(record) } else { None }
+    }
+
+    pub(crate) fn as_node(&self) -> Option<&Node> {
+        if let Held::Other(object) = self { object.as_node() } else { None }
+    }
+
+    pub(crate) fn as_slice(&self) -> Option<&EndpointSlice> {
+        if let Held::Other(object) = self { object.as_slice() } else { None }
+    }
+
+    pub(crate) fn as_pool(&self) -> Option<&LoadBalancerIPPool> {
+        if let Held::Other(object) = self { object.as_pool() } else { None }
+    }
+}
 
 /// A 128-bit digest of a document's text (two keyed SipHash runs): telling "same text" from
 /// "different text" without keeping the text.
