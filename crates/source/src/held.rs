@@ -245,8 +245,8 @@ impl PodRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{Service, ServicePort};
     use k8s_openapi::api::core::v1::ServiceSpec;
+    use k8s_openapi::api::core::v1::{Service, ServicePort};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     fn pod(value: serde_json::Value) -> Pod {
