@@ -30,7 +30,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Container, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube_support::{CLUSTER_CIDRS, KubeLab, eventually};
 use scenarios::manifests::{self, CLIENT_INSIDE_RANGES, CLIENTS, LAB_PODS, OTHER_NODE, THIS_NODE};
@@ -160,6 +160,15 @@ fn load_fixture(kube: &KubeLab) -> BTreeSet<String> {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let mut spec_only = pod.clone();
         spec_only.status = None;
+        // The manifests feed keeps of a Pod only what Services read (not its images), and
+        // the API server requires a container with an image: give it a placeholder.
+        let spec = spec_only.spec.get_or_insert_with(Default::default);
+        if spec.containers.is_empty() {
+            spec.containers.push(Container { name: "app".into(), ..Container::default() });
+        }
+        for container in &mut spec.containers {
+            container.image.get_or_insert_with(|| "registry.invalid/app".into());
+        }
         spec_only.metadata.deletion_timestamp = None;
         spec_only.metadata.namespace.get_or_insert_with(|| "default".into());
         kube.client.create(&spec_only).unwrap_or_else(|e| panic!("Pod {name}: {e}"));
