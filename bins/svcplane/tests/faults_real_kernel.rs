@@ -11,32 +11,12 @@ mod scenarios;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use scenarios::backends::EBPF;
+use scenarios::backends::{EBPF, IPTABLES_LEGACY, NFTABLES};
 use scenarios::cluster::{Backend, Cluster, ECHO_SERVICE, POD_ON_OTHER_NODE, POD_ON_THIS_NODE, THIS_NODE};
 use scenarios::manifests::{EndpointSpec, LB_SERVICE, SERVICE_PORT, SliceSpec, TERMINATING_SERVICE};
 use scenarios::{Family, Protocol, Sender, eventually};
 use svcplane_testbed::probe::Protocol as ProbeProtocol;
 use svcplane_testbed::{Load, LoadReport, LoadSpec};
-
-const NFTABLES: Backend = Backend {
-    name: "nftables",
-    proxy_args: &["--mode", "nftables"],
-    diagnostics: &[&["nft", "list", "ruleset"]],
-    ruleset: &["nft", "list", "ruleset"],
-    not_applicable: scenarios::cluster::every_row_applies,
-    node_cgroups: false,
-    relays_from_the_node: false,
-};
-
-const IPTABLES_LEGACY: Backend = Backend {
-    name: "iptables-legacy",
-    proxy_args: &["--mode", "iptables", "--iptables-backend", "legacy"],
-    diagnostics: &[&["iptables-legacy-save"]],
-    ruleset: &["iptables-legacy-save"],
-    not_applicable: scenarios::cluster::every_row_applies,
-    node_cgroups: false,
-    relays_from_the_node: false,
-};
 
 /// One load per frontend and protocol, from where that frontend is used.
 fn start_loads(cluster: &Cluster) -> Vec<(String, Load)> {

@@ -16,40 +16,11 @@ mod scenarios;
 
 use std::time::Duration;
 
+use scenarios::backends::{IPTABLES_LEGACY, IPTABLES_NFT, NFTABLES};
 use scenarios::cluster::{Backend, Cluster, THIS_NODE};
 use scenarios::manifests::ECHO_PORT;
 use scenarios::{ALL_ECHO_PODS, NodePortAddresses, Protocol, check_rows};
 use svcplane_testbed::guest;
-
-const NFTABLES: Backend = Backend {
-    name: "nftables",
-    proxy_args: &["--mode", "nftables"],
-    diagnostics: &[&["nft", "list", "ruleset"]],
-    ruleset: &["nft", "list", "ruleset"],
-    not_applicable: scenarios::cluster::every_row_applies,
-    node_cgroups: false,
-    relays_from_the_node: false,
-};
-
-const IPTABLES_LEGACY: Backend = Backend {
-    name: "iptables-legacy",
-    proxy_args: &["--mode", "iptables", "--iptables-backend", "legacy"],
-    diagnostics: &[&["iptables-legacy-save"], &["ip6tables-legacy-save"]],
-    ruleset: &["sh", "-c", "iptables-legacy-save && ip6tables-legacy-save"],
-    not_applicable: scenarios::cluster::every_row_applies,
-    node_cgroups: false,
-    relays_from_the_node: false,
-};
-
-const IPTABLES_NFT: Backend = Backend {
-    name: "iptables-nft",
-    proxy_args: &["--mode", "iptables", "--iptables-backend", "nft"],
-    diagnostics: &[&["iptables-nft-save"], &["ip6tables-nft-save"]],
-    ruleset: &["sh", "-c", "iptables-nft-save && ip6tables-nft-save"],
-    not_applicable: scenarios::cluster::every_row_applies,
-    node_cgroups: false,
-    relays_from_the_node: false,
-};
 
 const IPVS: Backend = Backend {
     name: "ipvs",

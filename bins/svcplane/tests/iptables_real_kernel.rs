@@ -14,29 +14,10 @@ mod scenarios;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use scenarios::backends::{IPTABLES_LEGACY as LEGACY, IPTABLES_NFT as NFT};
 use scenarios::cluster::{Backend, Cluster, ECHO_SERVICE, POD_ON_THIS_NODE, ServiceSpec, THIS_NODE};
 use scenarios::manifests::{self, CONVERSATION_PORT, ECHO_PORT};
 use scenarios::{Family, NodePortAddresses, Protocol, check_rows, eventually};
-
-const LEGACY: Backend = Backend {
-    name: "iptables-legacy",
-    proxy_args: &["--mode", "iptables", "--iptables-backend", "legacy"],
-    diagnostics: &[&["iptables-legacy-save"], &["ip6tables-legacy-save"]],
-    ruleset: &["sh", "-c", "iptables-legacy-save && ip6tables-legacy-save"],
-    not_applicable: scenarios::cluster::every_row_applies,
-    node_cgroups: false,
-    relays_from_the_node: false,
-};
-
-const NFT: Backend = Backend {
-    name: "iptables-nft",
-    proxy_args: &["--mode", "iptables", "--iptables-backend", "nft"],
-    diagnostics: &[&["iptables-nft-save"], &["ip6tables-nft-save"]],
-    ruleset: &["sh", "-c", "iptables-nft-save && ip6tables-nft-save"],
-    not_applicable: scenarios::cluster::every_row_applies,
-    node_cgroups: false,
-    relays_from_the_node: false,
-};
 
 fn check_table(backend: Backend, rows: &[scenarios::Scenario]) {
     let cluster = Cluster::start(backend);

@@ -7,19 +7,10 @@
 
 mod scenarios;
 
+use scenarios::backends::NFTABLES;
 use scenarios::cluster::{Backend, Cluster};
 use scenarios::manifests::ECHO_PORT;
 use scenarios::{ALL_ECHO_PODS, Protocol, check_rows};
-
-const NFTABLES: Backend = Backend {
-    name: "nftables",
-    proxy_args: &["--mode", "nftables"],
-    diagnostics: &[&["nft", "list", "ruleset"]],
-    ruleset: &["nft", "list", "ruleset"],
-    not_applicable: scenarios::cluster::every_row_applies,
-    node_cgroups: false,
-    relays_from_the_node: false,
-};
 
 scenario_table_tests!(NFTABLES);
 nftables_table_tests!(NFTABLES, "nftables");

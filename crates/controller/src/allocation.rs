@@ -288,16 +288,7 @@ impl Allocator {
     /// release what they held) and returns them with the allocated fields filled in.
     pub fn allocate(&mut self, services: &[Service]) -> AllocationOutcome {
         let mut demands: Vec<Demand<'_>> = services.iter().map(|service| self.demand(service)).collect();
-        let mut seen = HashSet::with_capacity(demands.len());
-        for demand in &mut demands {
-            if demand.passthrough || demand.key.name.is_empty() {
-                continue;
-            }
-            if !seen.insert(demand.key.clone()) {
-                demand.duplicate = true;
-                demand.reject("metadata.name", Reason::DuplicateObject);
-            }
-        }
+        let seen = refuse_duplicate_names(&mut demands);
         let mut by_key: Vec<usize> = (0..demands.len()).collect();
         by_key.sort_by(|&a, &b| demands[a].key.cmp(&demands[b].key));
 
@@ -348,16 +339,7 @@ impl Allocator {
     pub fn allocate_changed(&mut self, changed: &[Service], removed: &[ObjectKey]) -> AllocationOutcome {
         let placeholder = Service::default();
         let mut demands: Vec<Demand<'_>> = changed.iter().map(|service| self.demand(service)).collect();
-        let mut seen = HashSet::with_capacity(demands.len() + removed.len());
-        for demand in &mut demands {
-            if demand.passthrough || demand.key.name.is_empty() {
-                continue;
-            }
-            if !seen.insert(demand.key.clone()) {
-                demand.duplicate = true;
-                demand.reject("metadata.name", Reason::DuplicateObject);
-            }
-        }
+        let seen = refuse_duplicate_names(&mut demands);
         let settled = demands.len();
         let mut claims = Claims::default();
         for (key, held) in &self.held {
@@ -1051,5 +1033,22 @@ impl Claims {
 }
 
 mod pools;
+
+/// Refuses every Service whose namespace and name an earlier one in `demands` already has,
+/// and returns the names seen.
+fn refuse_duplicate_names(demands: &mut [Demand<'_>]) -> HashSet<ObjectKey> {
+    let mut seen = HashSet::with_capacity(demands.len());
+    for demand in demands {
+        if demand.passthrough || demand.key.name.is_empty() {
+            continue;
+        }
+        if !seen.insert(demand.key.clone()) {
+            demand.duplicate = true;
+            demand.reject("metadata.name", Reason::DuplicateObject);
+        }
+    }
+    seen
+}
+
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,26 @@ pub const NFTABLES: Backend = Backend {
     relays_from_the_node: false,
 };
 
+pub const IPTABLES_LEGACY: Backend = Backend {
+    name: "iptables-legacy",
+    proxy_args: &["--mode", "iptables", "--iptables-backend", "legacy"],
+    diagnostics: &[&["iptables-legacy-save"], &["ip6tables-legacy-save"]],
+    ruleset: &["sh", "-c", "iptables-legacy-save && ip6tables-legacy-save"],
+    not_applicable: super::cluster::every_row_applies,
+    node_cgroups: false,
+    relays_from_the_node: false,
+};
+
+pub const IPTABLES_NFT: Backend = Backend {
+    name: "iptables-nft",
+    proxy_args: &["--mode", "iptables", "--iptables-backend", "nft"],
+    diagnostics: &[&["iptables-nft-save"], &["ip6tables-nft-save"]],
+    ruleset: &["sh", "-c", "iptables-nft-save && ip6tables-nft-save"],
+    not_applicable: super::cluster::every_row_applies,
+    node_cgroups: false,
+    relays_from_the_node: false,
+};
+
 pub const EBPF: Backend = Backend {
     name: "ebpf",
     proxy_args: &["--mode", "ebpf"],
