@@ -288,7 +288,7 @@ impl Allocator {
     /// release what they held) and returns them with the allocated fields filled in.
     pub fn allocate(&mut self, services: &[Service]) -> AllocationOutcome {
         let mut demands: Vec<Demand<'_>> = services.iter().map(|service| self.demand(service)).collect();
-        let seen = refuse_duplicate_names(&mut demands);
+        refuse_duplicate_names(&mut demands);
         let mut by_key: Vec<usize> = (0..demands.len()).collect();
         by_key.sort_by(|&a, &b| demands[a].key.cmp(&demands[b].key));
 
