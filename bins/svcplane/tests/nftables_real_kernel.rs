@@ -100,3 +100,32 @@ fn svcplane_cleanup_removes_every_one_of_the_four_tables() {
     }
     scenarios::common::svcplane_cleanup_removes_the_svcplane_nftables_tables(NFTABLES_IN_FOUR_TABLES);
 }
+
+#[test]
+fn a_restarted_proxy_leaves_tables_that_hold_its_plan_untouched_and_then_follows_endpoint_changes() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_restarted_proxy_leaves_tables_that_hold_its_plan_untouched_and_then_follows_endpoint_changes",
+    ) {
+        return;
+    }
+    let mut cluster = Cluster::builder(NFTABLES_IN_FOUR_TABLES)
+        .line_servers(Protocol::Tcp, scenarios::manifests::CONVERSATION_PORT, &["node1-pod1", "node2-pod2"])
+        .start();
+    // With handles (`-a`): a rewritten rule gets a new handle even when its text is the same.
+    let listing = |cluster: &Cluster| {
+        let lab = cluster.lab();
+        let node = lab.node(scenarios::manifests::THIS_NODE).namespace_name();
+        lab.exec_ok(node, &["nft", "-a", "list", "ruleset"]).expect("nft -a list ruleset")
+    };
+    let before = listing(&cluster);
+    cluster.restart_proxy(scenarios::manifests::THIS_NODE, false);
+    let synced = scenarios::eventually(std::time::Duration::from_secs(30), || {
+        cluster.proxy_log(scenarios::manifests::THIS_NODE).contains("synced").then_some(())
+    });
+    assert!(synced.is_some(), "the restarted proxy synced\n{}", cluster.diagnostics());
+    let log = cluster.proxy_log(scenarios::manifests::THIS_NODE);
+    assert!(log.contains("were left as they are"), "the restart kept the tables:\n{log}");
+    assert_eq!(listing(&cluster), before, "the restart rewrote rules");
+    check_rows(&cluster, scenarios::ENDPOINT_CHANGES);
+    cluster.teardown();
+}

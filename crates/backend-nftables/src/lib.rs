@@ -7,6 +7,7 @@
 //! command, or the in-memory fake in tests).
 
 pub mod counters;
+pub mod digest;
 pub mod names;
 pub mod render;
 pub mod sync;

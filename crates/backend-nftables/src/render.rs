@@ -107,7 +107,7 @@ fn address_type(family: IpFamily) -> DataType {
 }
 
 /// The objects one service port owns in one family's table.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct PortObjects {
     /// Chains with their complete rule lists, in the order they must be created.
     pub chains: Vec<(String, Vec<Rule>)>,
@@ -147,6 +147,7 @@ fn node_port_destination(family: IpFamily, plan: &NodePlan) -> Vec<Statement> {
 pub fn base_operations(family: IpFamily, plan: &NodePlan) -> Vec<Operation> {
     let addr = address_type(family);
     let mut ops = vec![Operation::AddTable { comment: Some("rules for svcplane".to_owned()) }];
+    ops.push(Operation::AddSet(crate::digest::set()));
     ops.push(Operation::add_verdict_map(SERVICE_IPS, vec![addr, DataType::InetProto, DataType::InetService]));
     ops.push(Operation::add_verdict_map(SERVICE_NODEPORTS, vec![DataType::InetProto, DataType::InetService]));
     ops.push(Operation::add_verdict_map(NO_ENDPOINT_SERVICES, vec![addr, DataType::InetProto, DataType::InetService]));

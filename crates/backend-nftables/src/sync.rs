@@ -4,15 +4,15 @@
 //! written (the kernel is never read back on the sync path).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use svcplane_core::{Dataplane, DataplaneError, IpFamily, NodePlan, PlanDiff, PlanKey, SyncReport as CoreSyncReport};
 use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, Set, TableName, Transaction};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
+use crate::digest::{self, PortDigest, TableDigest};
 use crate::render::{
     MAX_TABLES, PortObjects, base_operations, hairpin_element, render_port_counting, table_index, tables_for,
     tables_table_name,
@@ -46,6 +46,8 @@ pub struct NftablesBackend<N> {
     nft: N,
     families: Vec<IpFamily>,
     written: HashMap<PlanKey, Written>,
+    /// The digest each table holds (see [`crate::digest`]), as of the last sync.
+    table_digests: HashMap<TableKey, TableDigest>,
     /// How many service ports of each table use an endpoint address for hairpin.
     hairpin_refs: HashMap<(TableKey, IpAddr), usize>,
     /// How many tables each family's service ports are spread over (see
@@ -76,21 +78,17 @@ struct Written {
     elements: Vec<Element>,
     endpoint_addresses: Vec<IpAddr>,
     sets: Vec<Set>,
+    /// The port's share of its table's digest.
+    digest: PortDigest,
 }
 
-/// Two SipHash digests (fixed keys, different prefixes) of a chain's rule list.
+/// A digest of a chain's rule list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct RulesDigest(u64, u64);
+struct RulesDigest(u128);
 
 impl RulesDigest {
     fn of(rules: &[Rule]) -> Self {
-        let digest = |prefix: u8| {
-            let mut hasher = DefaultHasher::new();
-            prefix.hash(&mut hasher);
-            rules.hash(&mut hasher);
-            hasher.finish()
-        };
-        Self(digest(0), digest(1))
+        Self(digest::digest_of(rules))
     }
 }
 
@@ -102,6 +100,7 @@ impl Written {
             elements: objects.elements.clone(),
             endpoint_addresses: objects.endpoint_addresses.clone(),
             sets: objects.sets.clone(),
+            digest: PortDigest::of(objects),
         }
     }
 }
@@ -145,11 +144,12 @@ fn largest_family(plan: &NodePlan, families: &[IpFamily]) -> usize {
         .unwrap_or(0)
 }
 
-/// One table of a full sync: which it is and its transaction.
+/// One table of a full sync: which it is, its transaction and the digest of its content.
 struct RenderedTable {
     family: IpFamily,
     index: usize,
     transaction: Transaction,
+    digest: TableDigest,
 }
 
 /// [`render_full`] over `tables` tables per family (the rules move into the transactions;
@@ -157,12 +157,17 @@ struct RenderedTable {
 fn render_tables(plan: &NodePlan, families: &[IpFamily], counting: bool, tables: usize) -> Vec<RenderedTable> {
     let mut out = Vec::with_capacity(families.len() * tables);
     for &family in families {
-        // Per table: its operations and the hairpin addresses already added.
-        let mut per_table: Vec<(Vec<Operation>, HashSet<IpAddr>)> =
-            (0..tables).map(|_| (base_operations(family, plan), HashSet::new())).collect();
+        // Per table: its operations, the hairpin addresses already added and its digest.
+        let base = base_operations(family, plan);
+        let base_digest = TableDigest::of_base(&base);
+        let mut per_table: Vec<(Vec<Operation>, HashSet<IpAddr>, TableDigest)> =
+            (0..tables).map(|_| (base.clone(), HashSet::new(), base_digest)).collect();
+        drop(base);
         for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| key.family == family) {
-            let (operations, hairpin) = &mut per_table[table_index(&key.name, tables)];
-            let PortObjects { chains, elements, endpoint_addresses, sets } = render_port_counting(port_plan, counting);
+            let (operations, hairpin, digest) = &mut per_table[table_index(&key.name, tables)];
+            let objects = render_port_counting(port_plan, counting);
+            *digest = digest.with(PortDigest::of(&objects));
+            let PortObjects { chains, elements, endpoint_addresses, sets } = objects;
             operations.extend(sets.into_iter().map(Operation::AddSet));
             add_chains(operations, chains);
             operations.extend(elements.into_iter().map(Operation::AddElement));
@@ -172,12 +177,14 @@ fn render_tables(plan: &NodePlan, families: &[IpFamily], counting: bool, tables:
                 }
             }
         }
-        for (index, (operations, _)) in per_table.into_iter().enumerate() {
+        for (index, (mut operations, _, digest)) in per_table.into_iter().enumerate() {
             let table = tables_table_name(family, index);
+            operations.push(Operation::AddElement(digest.element()));
             out.push(RenderedTable {
                 family,
                 index,
                 transaction: Transaction { table, operations: replacing_in_place(operations) },
+                digest,
             });
         }
     }
@@ -326,6 +333,7 @@ impl<N: Nftables> NftablesBackend<N> {
             nft,
             families,
             written: HashMap::new(),
+            table_digests: HashMap::new(),
             hairpin_refs: HashMap::new(),
             tables: 0,
             fixed_tables: None,
@@ -461,8 +469,19 @@ impl<N: Nftables> NftablesBackend<N> {
         // to a new, higher-numbered table, so they are served there before their old table
         // drops them, and no new connection finds them in neither.
         rendered.sort_by_key(|table| (table.family, std::cmp::Reverse(table.index)));
+        // Tables that already hold exactly what this sync would write (a restart, a resync
+        // with nothing changed) are left alone; growing the table count moves ports, and a
+        // table being replaced is rewritten whatever it holds.
+        let may_keep = !self.replace_table && (self.tables == 0 || tables == self.tables);
         let mut operations = 0;
-        for RenderedTable { family, transaction, .. } in &rendered {
+        let mut kept = 0;
+        self.table_digests.clear();
+        for RenderedTable { family, index, transaction, digest } in &rendered {
+            if may_keep && self.holds_as_written(&transaction.table, *digest) {
+                kept += 1;
+                self.table_digests.insert((*family, *index), *digest);
+                continue;
+            }
             operations += transaction.operations.len();
             if let Err(source) = self.nft.apply(transaction) {
                 self.replace_table = true;
@@ -473,6 +492,14 @@ impl<N: Nftables> NftablesBackend<N> {
                     source,
                 });
             }
+            self.table_digests.insert((*family, *index), *digest);
+        }
+        if kept > 0 {
+            info!(
+                kept,
+                tables = rendered.len(),
+                "full sync: tables already holding what this plan writes were left as they are"
+            );
         }
         for table in unused {
             if let Err(error) = self.nft.delete_table(&table) {
@@ -515,17 +542,24 @@ impl<N: Nftables> NftablesBackend<N> {
             let mut phases = Phases::default();
             let mut rendered: Vec<(PlanKey, Option<Written>)> = Vec::new();
             let mut hairpin_delta: HashMap<IpAddr, isize> = HashMap::new();
+            let old_digest = self.table_digests.get(&table).copied();
+            let mut new_digest = old_digest;
             for key in keys {
                 let new = plan.service_ports.get(key).map(|port| render_port_counting(port, self.counting));
                 let old = self.written.get(key).unwrap_or(&empty);
                 phases.diff(old, new.as_ref().unwrap_or(&empty_objects));
+                let new_written = new.as_ref().map(Written::of);
+                new_digest = new_digest.map(|digest| {
+                    let digest = if self.written.contains_key(key) { digest.without(old.digest) } else { digest };
+                    new_written.as_ref().map_or(digest, |written| digest.with(written.digest))
+                });
                 for address in &old.endpoint_addresses {
                     *hairpin_delta.entry(*address).or_insert(0) -= 1;
                 }
                 for address in new.iter().flat_map(|n| &n.endpoint_addresses) {
                     *hairpin_delta.entry(*address).or_insert(0) += 1;
                 }
-                rendered.push((key.clone(), new.as_ref().map(Written::of)));
+                rendered.push((key.clone(), new_written));
             }
             let mut new_refs: Vec<(IpAddr, usize)> = Vec::new();
             for (address, delta) in hairpin_delta {
@@ -541,9 +575,14 @@ impl<N: Nftables> NftablesBackend<N> {
                 }
                 new_refs.push((address, after));
             }
-            let operations = phases.into_operations();
+            let mut operations = phases.into_operations();
             if operations.is_empty() {
                 continue;
+            }
+            // The table's digest changes with its content, in the same transaction.
+            if let Some(digest) = new_digest.filter(|new| Some(*new) != old_digest) {
+                operations.push(Operation::FlushSet(digest::WRITTEN_DIGEST_SET.to_owned()));
+                operations.push(Operation::AddElement(digest.element()));
             }
             let (family, index) = table;
             let transaction = Transaction { table: tables_table_name(family, index), operations };
@@ -558,6 +597,9 @@ impl<N: Nftables> NftablesBackend<N> {
             }
             report.operations += transaction.operations.len();
             report.service_ports += rendered.len();
+            if let Some(digest) = new_digest {
+                self.table_digests.insert(table, digest);
+            }
             for (key, objects) in rendered {
                 match objects {
                     Some(objects) => self.written.insert(key, objects),
@@ -604,6 +646,29 @@ impl<N: Nftables> NftablesBackend<N> {
         }
     }
 
+    /// Whether `table` holds what a full sync with this digest would write: its digest
+    /// element says so, and its canary chains hold rules (a flushed table keeps its sets).
+    /// Anything unreadable counts as no.
+    fn holds_as_written(&mut self, table: &TableName, digest: TableDigest) -> bool {
+        for chain in CANARY_CHAINS {
+            match self.nft.count_rules(table, chain) {
+                Ok(0) => return false,
+                Ok(_) => {}
+                Err(error) => {
+                    warn!("reading svcplane's nftables table {} before a full sync: {error}", table.name);
+                    return false;
+                }
+            }
+        }
+        match self.nft.holds_element(table, &digest::set(), &digest.element()) {
+            Ok(holds) => holds == Some(true),
+            Err(error) => {
+                warn!("reading the digest of svcplane's nftables table {}: {error}", table.name);
+                false
+            }
+        }
+    }
+
     /// The tables numbered `tables` and up that exist (an earlier run used more), to delete
     /// once the new ones are written. Failures are logged: an unused table left behind
     /// holds only Services that other tables serve too.
@@ -641,6 +706,7 @@ impl<N: Nftables> NftablesBackend<N> {
             }
         }
         self.written.clear();
+        self.table_digests.clear();
         self.hairpin_refs.clear();
         self.needs_full_sync = true;
         Ok(removed)

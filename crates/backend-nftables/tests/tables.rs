@@ -12,7 +12,7 @@ use svcplane_core::{
     NodePortAddresses, PlanKey, Protocol, Service, ServicePort, ServicePortName,
 };
 use svcplane_nft::trace::{Disposition, Host, Origin, Packet, trace};
-use svcplane_nft::{FakeNftables, Family, NftError, Nftables, TableName, Transaction};
+use svcplane_nft::{Element, FakeNftables, Family, NftError, Nftables, Set, TableName, Transaction};
 
 fn config() -> NodeConfig {
     NodeConfig {
@@ -88,6 +88,10 @@ impl Nftables for Recording {
 
     fn list_tables(&mut self, family: Family) -> Result<Vec<String>, NftError> {
         self.inner.list_tables(family)
+    }
+
+    fn holds_element(&mut self, table: &TableName, set: &Set, element: &Element) -> Result<Option<bool>, NftError> {
+        self.inner.holds_element(table, set, element)
     }
 }
 
@@ -241,6 +245,75 @@ fn a_smaller_cluster_keeps_its_tables_while_running_but_a_restart_removes_those_
     for index in [0, 50, 99] {
         assert_eq!(reaches(restarted.fake(), index), forwarded_to(endpoint(index, 0)));
     }
+}
+
+/// A new process's backend on the kernel `h` leaves, with `h`'s state changed by `changes`
+/// while no proxy ran; its first (full) sync done.
+fn restart_after(h: &mut Harness, changes: Vec<Change>) -> (Harness, svcplane_backend_nftables::SyncReport) {
+    let kernel = Recording { inner: std::mem::take(&mut h.backend.nftables_mut().inner), tables_written: Vec::new() };
+    let mut restarted = Harness::new(NftablesBackend::new(kernel));
+    restarted.state = std::mem::take(&mut h.state);
+    for change in changes {
+        restarted.state.apply(change);
+    }
+    restarted.state.take_changes();
+    restarted.plan = NodePlan::build(&restarted.state, config());
+    let plan = restarted.plan.clone();
+    let report = restarted.backend.sync(&plan, &Default::default()).expect("the restart's full sync applies");
+    (restarted, report)
+}
+
+#[test]
+fn a_restart_with_the_plan_the_tables_already_hold_writes_nothing_even_after_partial_syncs() {
+    let mut h = Harness::new(NftablesBackend::new(Recording::default()));
+    h.apply(services(0..2500));
+    for index in [7, 1500, 2222] {
+        h.apply(service_with_endpoint(index, 1));
+    }
+    let before = h.fake().dump();
+    let (mut restarted, report) = restart_after(&mut h, Vec::new());
+    assert!(report.full);
+    assert_eq!(report.operations, 0, "nothing written");
+    assert!(
+        restarted.backend.nftables().tables_written.is_empty(),
+        "{:?}",
+        restarted.backend.nftables().tables_written
+    );
+    assert_eq!(restarted.fake().dump(), before);
+    // The new process then follows changes as if it had written the tables itself.
+    let report = restarted.apply(service_with_endpoint(1500, 2));
+    assert!(!report.full);
+    assert_eq!(reaches(restarted.fake(), 1500), forwarded_to(endpoint(1500, 2)));
+    assert_eq!(restarted.fake().dump(), fresh_full_sync_dump(&restarted.state));
+}
+
+#[test]
+fn a_restart_rewrites_only_the_table_of_a_service_that_changed_while_no_proxy_ran() {
+    let mut h = Harness::new(NftablesBackend::new(Recording::default()));
+    h.apply(services(0..2500));
+    let (restarted, report) = restart_after(&mut h, service_with_endpoint(1500, 1));
+    assert!(report.full);
+    let expected = tables_table_name(IpFamily::V4, table_index(&port_name(1500), 4));
+    assert_eq!(restarted.backend.nftables().tables_written, [expected]);
+    assert_eq!(reaches(restarted.fake(), 1500), forwarded_to(endpoint(1500, 1)));
+    assert_eq!(restarted.fake().dump(), fresh_full_sync_dump(&restarted.state));
+}
+
+#[test]
+fn a_restart_rewrites_a_table_whose_chains_were_flushed_though_its_digest_survived() {
+    let mut h = Harness::new(NftablesBackend::new(Recording::default()));
+    h.apply(services(0..2500));
+    let flushed = tables_table_name(IpFamily::V4, table_index(&port_name(7), 4));
+    let flush = Transaction {
+        table: flushed.clone(),
+        operations: ["services", "nat-prerouting"]
+            .map(|chain| svcplane_nft::Operation::FlushChain(chain.to_owned()))
+            .to_vec(),
+    };
+    h.backend.nftables_mut().inner.apply(&flush).unwrap();
+    let (restarted, _) = restart_after(&mut h, Vec::new());
+    assert_eq!(restarted.backend.nftables().tables_written, [flushed]);
+    assert_eq!(reaches(restarted.fake(), 7), forwarded_to(endpoint(7, 0)));
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Either real mechanism behind one type, chosen at run time (`--nft-mechanism`).
 
-use crate::{Family, NftCli, NftError, NftNetlink, Nftables, TableName, Transaction};
+use crate::{Element, Family, NftCli, NftError, NftNetlink, Nftables, Set, TableName, Transaction};
 
 /// The way transactions reach the kernel.
 #[derive(Debug)]
@@ -30,6 +30,13 @@ impl Nftables for NftClient {
         match self {
             NftClient::Netlink(netlink) => netlink.count_rules(table, chain),
             NftClient::Cli(cli) => cli.count_rules(table, chain),
+        }
+    }
+
+    fn holds_element(&mut self, table: &TableName, set: &Set, element: &Element) -> Result<Option<bool>, NftError> {
+        match self {
+            NftClient::Netlink(netlink) => netlink.holds_element(table, set, element),
+            NftClient::Cli(cli) => cli.holds_element(table, set, element),
         }
     }
 

@@ -110,6 +110,10 @@ impl Nftables for FakeNftables {
         Ok(self.tables.get(table).and_then(|t| t.rules(chain)).map_or(0, <[Rule]>::len))
     }
 
+    fn holds_element(&mut self, table: &TableName, set: &Set, element: &Element) -> Result<Option<bool>, NftError> {
+        Ok(Some(self.tables.get(table).and_then(|t| t.element(&set.name, &element.key)).is_some()))
+    }
+
     fn list_tables(&mut self, family: Family) -> Result<Vec<String>, NftError> {
         Ok(self
             .table_names()

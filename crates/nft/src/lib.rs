@@ -50,4 +50,13 @@ pub trait Nftables {
     /// The names of the tables of `family` that exist now (the names only, never their
     /// contents: cheap whatever the tables hold).
     fn list_tables(&mut self, family: Family) -> Result<Vec<String>, NftError>;
+
+    /// Whether `set` (as declared in `table`) holds an element with `element`'s key now.
+    /// `Ok(Some(false))` when the table or the set is missing; `Ok(None)` when this client
+    /// cannot read elements back (the caller then assumes nothing). Reads every element of
+    /// the set: meant for small sets.
+    fn holds_element(&mut self, table: &TableName, set: &Set, element: &Element) -> Result<Option<bool>, NftError> {
+        let _ = (table, set, element);
+        Ok(None)
+    }
 }

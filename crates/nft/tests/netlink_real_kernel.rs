@@ -253,6 +253,39 @@ fn deleting_a_table_reports_whether_it_was_there() {
 }
 
 #[test]
+fn holds_element_finds_exactly_the_keys_the_kernel_holds_in_a_set() {
+    if !svcplane_testbed::can_run_real_kernel_tests("holds_element_finds_exactly_the_keys_the_kernel_holds_in_a_set") {
+        return;
+    }
+    let netns = NetNs::new("holds");
+    let mut netlink = netns.netlink();
+    let digests = set("digests", vec![DataType::Ipv6Addr], None);
+    let ports = set("ports", vec![DataType::Ipv4Addr, DataType::InetProto, DataType::InetService], None);
+    let element =
+        |set: &str, key: Vec<Value>| svcplane_nft::Element { set: set.to_owned(), key, value: None, comment: None };
+    let held = element("digests", vec![address("2001:db8::1")]);
+    let other = element("digests", vec![address("2001:db8::2")]);
+    let port = element("ports", vec![address("198.19.0.1"), Value::Protocol(6), Value::Port(80)]);
+    assert_eq!(netlink.holds_element(&ip_table(), &digests, &held).unwrap(), Some(false), "no table yet");
+    let operations = vec![
+        Operation::AddTable { comment: None },
+        Operation::AddSet(digests.clone()),
+        Operation::AddSet(ports.clone()),
+        Operation::AddElement(held.clone()),
+        Operation::AddElement(port.clone()),
+    ];
+    netlink.apply(&Transaction { table: ip_table(), operations }).unwrap();
+    assert_eq!(netlink.holds_element(&ip_table(), &digests, &held).unwrap(), Some(true));
+    assert_eq!(netlink.holds_element(&ip_table(), &digests, &other).unwrap(), Some(false));
+    assert_eq!(netlink.holds_element(&ip_table(), &ports, &port).unwrap(), Some(true));
+    let absent = set("absent", vec![DataType::Ipv6Addr], None);
+    assert_eq!(netlink.holds_element(&ip_table(), &absent, &held).unwrap(), Some(false), "no such set");
+    // What another process wrote is read the same way by a socket that never wrote it.
+    let mut fresh = netns.netlink();
+    assert_eq!(fresh.holds_element(&ip_table(), &digests, &held).unwrap(), Some(true));
+}
+
+#[test]
 fn a_missing_network_namespace_is_an_io_error() {
     if !svcplane_testbed::can_run_real_kernel_tests("a_missing_network_namespace_is_an_io_error") {
         return;

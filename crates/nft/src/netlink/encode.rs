@@ -190,6 +190,23 @@ pub(super) fn holds_element(payload: &[u8]) -> bool {
     })
 }
 
+/// The key of an element of `set` (a set without intervals) as the kernel stores it.
+pub(super) fn element_key(set: &Set, key: &[Value]) -> Vec<u8> {
+    concat_bytes(key.iter().zip(&set.key).map(|(value, data_type)| value_bytes(*value, *data_type)))
+}
+
+/// Whether a `NFT_MSG_NEWSETELEM` message of a dump holds an element whose key is `wanted`.
+pub(super) fn holds_key(payload: &[u8], wanted: &[u8]) -> bool {
+    message_attrs(payload).filter(|attr| attr.attr_type == NFTA_SET_ELEM_LIST_ELEMENTS).any(|list| {
+        attrs(list.data, 0).any(|element| {
+            attrs(element.data, 0)
+                .filter(|attr| attr.attr_type == NFTA_SET_ELEM_KEY)
+                .flat_map(|key| attrs(key.data, 0))
+                .any(|value| value.attr_type == NFTA_DATA_VALUE && value.data == wanted)
+        })
+    })
+}
+
 /// A `GETRULE` dump of one chain's rules.
 pub(super) fn get_rules_request(table: &TableName, chain: &str, seq: u32) -> Vec<u8> {
     let mut writer = Writer::default();

@@ -50,7 +50,9 @@ use std::time::Duration;
 
 use crate::Nftables;
 use crate::error::{NftError, ObjectKind};
-use crate::objects::{DataType, ElementValue, Family, Operation, Set, Statement, TableName, Transaction, Verdict};
+use crate::objects::{
+    DataType, Element, ElementValue, Family, Operation, Set, Statement, TableName, Transaction, Verdict,
+};
 use crate::{text, validation};
 
 use encode::{Batch, Catalog, KnownSet};
@@ -250,6 +252,24 @@ impl Nftables for NftNetlink {
         validation::check_name(ObjectKind::Chain, chain)?;
         self.ready_socket()?;
         let result = self.count_rules_of(table, chain);
+        self.note(result)
+    }
+
+    fn holds_element(&mut self, table: &TableName, set: &Set, element: &Element) -> Result<Option<bool>, NftError> {
+        validation::check_name(ObjectKind::Table, &table.name)?;
+        validation::check_name(ObjectKind::Set, &set.name)?;
+        self.ready_socket()?;
+        let wanted = encode::element_key(set, &element.key);
+        let seq = self.next_seqs(1);
+        let request = encode::get_elements_request(table, &set.name, seq);
+        let result = match self.socket.request(&request, seq).map_err(socket_error) {
+            Ok((replies, ack)) => match ack.errno {
+                0 => Ok(Some(replies.iter().any(|reply| encode::holds_key(reply, &wanted)))),
+                libc::ENOENT => Ok(Some(false)),
+                errno => Err(NftError::Apply { table: table.clone(), message: describe(errno, &ack.message) }),
+            },
+            Err(error) => Err(error),
+        };
         self.note(result)
     }
 
