@@ -144,12 +144,12 @@ fn largest_family(plan: &NodePlan, families: &[IpFamily]) -> usize {
         .unwrap_or(0)
 }
 
-/// One table of a full sync: which it is, its transaction and the digest of its content.
+/// One table of a full sync: which it is and its transaction (whose last element records
+/// the table's digest).
 struct RenderedTable {
     family: IpFamily,
     index: usize,
     transaction: Transaction,
-    digest: TableDigest,
 }
 
 /// [`render_full`] over `tables` tables per family (the rules move into the transactions;
@@ -184,7 +184,6 @@ fn render_tables(plan: &NodePlan, families: &[IpFamily], counting: bool, tables:
                 family,
                 index,
                 transaction: Transaction { table, operations: replacing_in_place(operations) },
-                digest,
             });
         }
     }
@@ -455,7 +454,30 @@ impl<N: Nftables> NftablesBackend<N> {
         // contents to name them, and its own would make that costly.
         let unused = if self.tables == 0 { self.tables_beyond(tables) } else { Vec::new() };
         let started = Instant::now();
-        let mut rendered = render_tables(plan, &self.families, self.counting, tables);
+        // Tables that already hold exactly what this sync would write (a restart, a resync
+        // with nothing changed) are left alone; growing the table count moves ports, and a
+        // table being replaced is rewritten whatever it holds. When there is a table of ours
+        // to compare with, the record of what the plan writes (with each table's digest) is
+        // made first, and only the tables whose digest differs are rendered.
+        let may_keep = !self.replace_table && (self.tables == 0 || tables == self.tables);
+        let mut kept = HashSet::new();
+        let recorded = may_keep && self.some_table_holds_rules(tables);
+        if recorded {
+            self.record(plan, tables);
+            let digests: Vec<(TableKey, TableDigest)> = self.table_digests.iter().map(|(k, d)| (*k, *d)).collect();
+            for ((family, index), digest) in digests {
+                if self.holds_as_written(&tables_table_name(family, index), digest) {
+                    kept.insert((family, index));
+                }
+            }
+        }
+        let total_tables = self.families.len() * tables;
+        let mut rendered = if kept.len() < total_tables {
+            render_tables(plan, &self.families, self.counting, tables)
+        } else {
+            Vec::new()
+        };
+        rendered.retain(|table| !kept.contains(&(table.family, table.index)));
         let render_time = started.elapsed();
         if self.tables != 0 && tables != self.tables {
             self.remove_moved_objects(&mut rendered, tables);
@@ -469,19 +491,8 @@ impl<N: Nftables> NftablesBackend<N> {
         // to a new, higher-numbered table, so they are served there before their old table
         // drops them, and no new connection finds them in neither.
         rendered.sort_by_key(|table| (table.family, std::cmp::Reverse(table.index)));
-        // Tables that already hold exactly what this sync would write (a restart, a resync
-        // with nothing changed) are left alone; growing the table count moves ports, and a
-        // table being replaced is rewritten whatever it holds.
-        let may_keep = !self.replace_table && (self.tables == 0 || tables == self.tables);
         let mut operations = 0;
-        let mut kept = 0;
-        self.table_digests.clear();
-        for RenderedTable { family, index, transaction, digest } in &rendered {
-            if may_keep && self.holds_as_written(&transaction.table, *digest) {
-                kept += 1;
-                self.table_digests.insert((*family, *index), *digest);
-                continue;
-            }
+        for RenderedTable { family, transaction, .. } in &rendered {
             operations += transaction.operations.len();
             if let Err(source) = self.nft.apply(transaction) {
                 self.replace_table = true;
@@ -492,12 +503,11 @@ impl<N: Nftables> NftablesBackend<N> {
                     source,
                 });
             }
-            self.table_digests.insert((*family, *index), *digest);
         }
-        if kept > 0 {
+        if !kept.is_empty() {
             info!(
-                kept,
-                tables = rendered.len(),
+                kept = kept.len(),
+                tables = total_tables,
                 "full sync: tables already holding what this plan writes were left as they are"
             );
         }
@@ -509,24 +519,52 @@ impl<N: Nftables> NftablesBackend<N> {
         self.tables = tables;
         self.replace_table = false;
         debug!(?render_time, apply_time = ?(started.elapsed() - render_time), operations, tables, "full sync");
+        if !recorded {
+            // The rules are in the kernel: the transactions go before the record is made, so
+            // the record's small allocations are not spread among the transactions' (which
+            // would keep most of that memory in the process after it is freed).
+            drop(rendered);
+            self.record(plan, tables);
+        }
+        self.written_node_port_cidrs = Some(plan.node_port_cidrs.clone());
+        self.needs_full_sync = false;
+        Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations })
+    }
+
+    /// Makes the record of what `plan` writes over `tables` tables per family: each port's
+    /// objects (rendered once more, one port at a time), the hairpin references and each
+    /// table's digest.
+    fn record(&mut self, plan: &NodePlan, tables: usize) {
         self.written.clear();
         self.hairpin_refs.clear();
-        // The rules are in the kernel: the transactions go before the record is made. Each
-        // port is rendered once more for it, one at a time, so the record's small
-        // allocations are not spread among the transactions' (which would keep most of
-        // that memory in the process after it is freed).
-        drop(rendered);
+        self.table_digests.clear();
+        for &family in &self.families {
+            let base = TableDigest::of_base(&base_operations(family, plan));
+            self.table_digests.extend((0..tables).map(|index| ((family, index), base)));
+        }
         for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| self.families.contains(&key.family)) {
             let objects = Written::of(&render_port_counting(port_plan, self.counting));
             let table = (key.family, table_index(&key.name, tables));
             for address in &objects.endpoint_addresses {
                 *self.hairpin_refs.entry((table, *address)).or_insert(0) += 1;
             }
+            if let Some(digest) = self.table_digests.get_mut(&table) {
+                *digest = digest.with(objects.digest);
+            }
             self.written.insert(key.clone(), objects);
         }
-        self.written_node_port_cidrs = Some(plan.node_port_cidrs.clone());
-        self.needs_full_sync = false;
-        Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations })
+    }
+
+    /// Whether any of the tables a full sync over `tables` per family writes exists with
+    /// rules in it (a cold start finds none, and then compares no digests). A failed read
+    /// counts as no.
+    fn some_table_holds_rules(&mut self, tables: usize) -> bool {
+        let names: Vec<TableName> = self
+            .families
+            .iter()
+            .flat_map(|&family| (0..tables).map(move |index| tables_table_name(family, index)))
+            .collect();
+        names.iter().any(|table| self.nft.count_rules(table, CANARY_CHAINS[0]).is_ok_and(|rules| rules > 0))
     }
 
     fn partial_sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> Result<SyncReport, SyncError> {
