@@ -119,7 +119,7 @@ impl SockLb {
         // Decided before anything changes under the root: whether the linked programs are
         // an earlier build's (or use maps about to be created anew).
         let replacing = crate::upgrade::must_replace_linked_programs(&options.bpf_root, sizes);
-        crate::upgrade::unpin_changed_maps(&options.bpf_root, SOCK_LB_OBJECT, "sock_lb.o", sizes)?;
+        crate::upgrade::unpin_changed_maps(&options.bpf_root, SOCK_LB_OBJECT, "sock_lb.o", sizes, &SOCK_LB_MAPS)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&options.bpf_root)
             .map_max_entries(SERVICES_MAP, sizes.services)

@@ -123,7 +123,8 @@ impl TcNat {
         maglev_size: u32,
         replacing: bool,
     ) -> Result<(Self, TcProgram), BpfError> {
-        crate::upgrade::unpin_changed_maps(bpf_root, TC_NAT_OBJECT, "tc_nat.o", sizes)?;
+        // The maps shared with the socket balancer were checked when it opened.
+        crate::upgrade::unpin_changed_maps(bpf_root, TC_NAT_OBJECT, "tc_nat.o", sizes, &TC_MAPS)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(bpf_root)
             .map_max_entries(SERVICES_MAP, sizes.services)

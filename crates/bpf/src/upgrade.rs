@@ -150,7 +150,8 @@ fn expected_layouts(object: &[u8], name: &'static str, sizes: MapSizes) -> Resul
 }
 
 /// Unpins every map of `object` pinned under `bpf_root` whose layout is not the one this
-/// build gives it, so that opening the object creates it anew. Programs still linked keep
+/// build gives it, so that opening the object creates it anew; nothing is checked unless
+/// one of `own_maps` (the maps this object is the first to open) is pinned. Programs still linked keep
 /// the old map (they hold a reference) until their links move to the new programs.
 /// Returns the names of the maps unpinned.
 pub(crate) fn unpin_changed_maps(
@@ -158,8 +159,13 @@ pub(crate) fn unpin_changed_maps(
     object: &[u8],
     name: &'static str,
     sizes: MapSizes,
+    own_maps: &[&str],
 ) -> Result<Vec<String>, BpfError> {
     let mut unpinned = Vec::new();
+    // A fresh root (the cold start of a node) has none of them: the object is not parsed.
+    if !own_maps.iter().any(|map| bpf_root.join(map).exists()) {
+        return Ok(unpinned);
+    }
     for (map, wanted) in expected_layouts(object, name, sizes)? {
         let pin = bpf_root.join(&map);
         let Ok(info) = MapInfo::from_pin(&pin) else { continue };
