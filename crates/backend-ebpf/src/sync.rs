@@ -246,18 +246,6 @@ impl EbpfBackend {
         let cookie = svcplane_bpf::sys::current_netns_cookie()?;
         let (bpf_root, sizes, maglev_size) =
             (self.options.bpf_root.clone(), self.options.sizes, self.options.maglev_size);
-        // A node's first cold start: the maps both objects share are created first, so the
-        // two objects open at once, each creating only its own maps (the UDP-flow map in
-        // one, the tc tracking map in the other: most of the creation time), instead of the
-        // tc object waiting for the socket object. A restart opens them one after the other
-        // (the socket side decides what is replaced and which maps are created anew).
-        let at = Instant::now();
-        svcplane_bpf::sys::ensure_bpffs(&bpf_root)?;
-        let fresh = svcplane_bpf::sock_lb::is_fresh(&bpf_root);
-        if fresh {
-            svcplane_bpf::sock_lb::create_shared_maps(&bpf_root, sizes)?;
-            self.phase("creating the maps both objects share", at);
-        }
         let (lb_sender, lb_receiver) = std::sync::mpsc::channel();
         // Whether the linked programs are an earlier build's, decided by the socket side
         // before it changes anything (it may create shared maps anew).
@@ -290,13 +278,8 @@ impl EbpfBackend {
             });
             let tc = scope.spawn(move || -> (Result<Option<svcplane_bpf::tc::TcProgram>, BpfError>, Timings) {
                 // The tc object shares the socket object's maps through their pins.
-                let replacing = if fresh {
-                    false
-                } else {
-                    let Ok(replacing) = pinned_receiver.recv() else {
-                        return (Ok(None), Vec::new());
-                    };
-                    replacing
+                let Ok(replacing) = pinned_receiver.recv() else {
+                    return (Ok(None), Vec::new());
                 };
                 let started = Instant::now();
                 let opened = TcNat::open_maps_replacing(&bpf_root, sizes, maglev_size, replacing);

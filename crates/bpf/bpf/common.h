@@ -144,12 +144,36 @@ struct {
 } svcplane_backends SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct rev_sock);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_sock_rev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct rev_key);
+	__type(value, struct rev_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_udp_sockets SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct affinity_key);
 	__type(value, struct affinity_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svcplane_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_config SEC(".maps");
 
 /* Every endpoint still serving (ready or terminating) of each service port: a flow may stay
  * on these and only these. */

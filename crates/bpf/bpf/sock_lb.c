@@ -8,33 +8,6 @@
 
 char _license[] SEC("license") = "Dual BSD/GPL";
 
-/* The maps only these programs use (their types are in common.h). The tc object does not
- * declare them, so it shares with this one only maps userspace can create ahead of both
- * objects (no BTF needed): on a fresh node both objects then open at once. */
-struct {
-	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct rev_sock);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} svcplane_sock_rev SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct rev_key);
-	__type(value, struct rev_value);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} svcplane_udp_sockets SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct config);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} svcplane_config SEC(".maps");
-
 #define NS_PER_SEC 1000000000ULL
 #define PROTO_UDP_NUMBER 17
 

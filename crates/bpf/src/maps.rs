@@ -43,11 +43,6 @@ pub const SOCK_LB_MAPS: [&str; 10] = [
     UDP_SOCKETS_MAP,
 ];
 
-/// The maps both objects declare (the socket programs' and the tc program's), shared
-/// through their pins: plain hash and LRU maps, which need no BTF to be created ahead of
-/// both objects ([`crate::sock_lb::create_shared_maps`]).
-pub const SHARED_MAPS: [&str; 5] = [SERVICES_MAP, BACKENDS_MAP, AFFINITY_MAP, LIVE_MAP, COUNTERS_MAP];
-
 /// IP protocol numbers as the programs see them.
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;

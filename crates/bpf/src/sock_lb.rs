@@ -15,7 +15,7 @@ use aya::{Ebpf, EbpfLoader};
 use crate::maps::typed;
 use crate::maps::{
     AFFINITY_MAP, AffinityKey, AffinityValue, BACKENDS_MAP, BackendKey, BackendValue, CONFIG_MAP, Config, LIVE_MAP,
-    LiveKey, RevKey, RevValue, SERVICES_MAP, SHARED_MAPS, SOCK_LB_MAPS, ServiceKey, ServiceValue, UDP_FLOWS_MAP,
+    LiveKey, RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue, UDP_FLOWS_MAP,
 };
 use crate::{BpfError, SOCK_LB_OBJECT, sys};
 
@@ -363,40 +363,6 @@ pub fn read_counters(bpf_root: &Path) -> Result<Vec<(Option<crate::maps::PortNam
         .filter_map(Result::ok)
         .map(|(key, count)| (names.get(&key.port_id, 0).ok(), key, count))
         .collect())
-}
-
-/// Whether `bpf_root` holds no link and none of the maps both objects share: a node's first
-/// cold start, where [`create_shared_maps`] lets both objects open at once.
-pub fn is_fresh(bpf_root: &Path) -> bool {
-    !crate::upgrade::any_link_pinned(bpf_root) && !SHARED_MAPS.iter().any(|map| bpf_root.join(map).exists())
-}
-
-/// Creates and pins the maps both objects share ([`SHARED_MAPS`], as the socket object
-/// defines them, at `sizes`), so that the socket and the tc object can then be opened at
-/// the same time, each adopting them and creating only its own maps (the costliest of
-/// which, the UDP-flow and tc tracking LRU maps, are one in each). For a fresh root
-/// ([`is_fresh`]) on a bpffs; a map already pinned is left as it is. Returns how many it
-/// created.
-pub fn create_shared_maps(bpf_root: &Path, sizes: MapSizes) -> Result<usize, BpfError> {
-    let mut created = 0;
-    for map in SHARED_MAPS {
-        let pin = bpf_root.join(map);
-        if pin.exists() {
-            continue;
-        }
-        let definition = crate::upgrade::map_definition(SOCK_LB_OBJECT, "sock_lb.o", map, sizes)?;
-        let data = MapData::create(definition, map, None).map_err(|source| BpfError::Map {
-            map,
-            what: "creating it ahead of both objects".into(),
-            source: Box::new(source),
-        })?;
-        data.pin(&pin).map_err(|source| BpfError::Io {
-            what: format!("pinning {}", pin.display()),
-            source: std::io::Error::other(source),
-        })?;
-        created += 1;
-    }
-    Ok(created)
 }
 
 /// The pins a running balancer needs that are not there (someone removed them).

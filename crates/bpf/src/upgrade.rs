@@ -74,7 +74,9 @@ pub fn record_identity(bpf_root: &Path, identity: u64) -> Result<(), BpfError> {
 /// maps the programs use is not pinned or not laid out as this build wants (it will be
 /// created anew, and the linked programs hold the old one).
 pub fn must_replace_linked_programs(bpf_root: &Path, sizes: MapSizes) -> bool {
-    if !any_link_pinned(bpf_root) {
+    let links = bpf_root.join(LINKS_DIR);
+    let any_link = std::fs::read_dir(&links).is_ok_and(|mut entries| entries.next().is_some());
+    if !any_link {
         return false;
     }
     if recorded_identity(bpf_root) != Some(identity(sizes)) {
@@ -124,54 +126,14 @@ fn sized(name: &str, sizes: MapSizes) -> Option<u32> {
     }
 }
 
-/// Whether any link is pinned under `bpf_root`.
-pub(crate) fn any_link_pinned(bpf_root: &Path) -> bool {
-    std::fs::read_dir(bpf_root.join(LINKS_DIR)).is_ok_and(|mut entries| entries.next().is_some())
-}
-
-type ParsedMaps = std::collections::HashMap<String, aya_obj::Map>;
-
-/// The map definitions of an embedded object, parsed once per process.
-fn parsed(object: &[u8], name: &'static str) -> Result<&'static ParsedMaps, BpfError> {
-    static SOCK_LB: std::sync::OnceLock<Result<ParsedMaps, String>> = std::sync::OnceLock::new();
-    static TC_NAT: std::sync::OnceLock<Result<ParsedMaps, String>> = std::sync::OnceLock::new();
-    let cell = if object.as_ptr() == SOCK_LB_OBJECT.as_ptr() { &SOCK_LB } else { &TC_NAT };
-    cell.get_or_init(|| aya_obj::Object::parse(object).map(|parsed| parsed.maps).map_err(|error| error.to_string()))
-        .as_ref()
-        .map_err(|error| BpfError::Io {
-            what: format!("parsing the embedded object {name}"),
-            source: std::io::Error::other(error.clone()),
-        })
-}
-
-/// The definition of map `map` in `object`, with the capacity this crate gives it for
-/// `sizes`: what its loader would create, less the BTF type ids.
-pub(crate) fn map_definition(
-    object: &[u8],
-    name: &'static str,
-    map: &str,
-    sizes: MapSizes,
-) -> Result<aya_obj::Map, BpfError> {
-    let mut definition = parsed(object, name)?.get(map).cloned().ok_or_else(|| BpfError::Io {
-        what: format!("finding map {map} in {name}"),
-        source: std::io::Error::other("no such map"),
-    })?;
-    if let Some(entries) = sized(map, sizes) {
-        definition.set_max_entries(entries);
-    }
-    // Without the object's BTF (which only its loader has): the same layout, plain.
-    Ok(aya_obj::Map::new_from_params(
-        definition.map_type(),
-        definition.key_size(),
-        definition.value_size(),
-        definition.max_entries(),
-        definition.map_flags(),
-    ))
-}
-
 /// The pinned maps of `object` with the layout this build gives them.
 fn expected_layouts(object: &[u8], name: &'static str, sizes: MapSizes) -> Result<Vec<(String, Layout)>, BpfError> {
-    Ok(parsed(object, name)?
+    let parsed = aya_obj::Object::parse(object).map_err(|source| BpfError::Io {
+        what: format!("parsing the embedded object {name}"),
+        source: std::io::Error::other(source),
+    })?;
+    Ok(parsed
+        .maps
         .iter()
         .filter(|(_, map)| map.pinning() == aya_obj::maps::PinningType::ByName)
         .map(|(map_name, map)| {
@@ -274,19 +236,6 @@ pub fn pinned_map_id(pin: &Path) -> Result<u32, BpfError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_objects_share_exactly_the_maps_created_ahead_of_them() {
-        let sizes = MapSizes::default();
-        let names = |object, name| -> std::collections::BTreeSet<String> {
-            expected_layouts(object, name, sizes).expect("parsing").into_iter().map(|(map, _)| map).collect()
-        };
-        let shared: Vec<String> =
-            names(SOCK_LB_OBJECT, "sock_lb.o").intersection(&names(TC_NAT_OBJECT, "tc_nat.o")).cloned().collect();
-        let mut expected: Vec<String> = crate::maps::SHARED_MAPS.iter().map(|m| (*m).to_owned()).collect();
-        expected.sort();
-        assert_eq!(shared, expected, "a map both objects declare must be created ahead of both (and need no BTF)");
-    }
 
     #[test]
     fn the_identity_changes_with_the_map_sizes() {
