@@ -679,6 +679,31 @@ mod upgrade_in_place {
         }
     }
 
+    /// The test's threads (echo server, client), stopped and joined on drop, so that a
+    /// failed assertion still leaves the cgroup empty for the node's cleanup.
+    struct Threads {
+        stop: Arc<AtomicBool>,
+        running: Vec<std::thread::JoinHandle<()>>,
+    }
+
+    impl Threads {
+        fn stop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+            for thread in self.running.drain(..) {
+                thread.join().expect("a test thread panicked");
+            }
+        }
+    }
+
+    impl Drop for Threads {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+            for thread in self.running.drain(..) {
+                let _ = thread.join();
+            }
+        }
+    }
+
     fn plan() -> NodePlan {
         let mut state = ClusterState::new();
         let name = NamespacedName::new("upgrade", "web");
@@ -733,10 +758,14 @@ mod upgrade_in_place {
         .expect("entering the namespace")
         .expect("binding the endpoints");
         let stop = Arc::new(AtomicBool::new(false));
-        let serving = {
+        // Declared after the node: dropped (stopped, joined) before it.
+        let mut threads = Threads { stop: Arc::clone(&stop), running: Vec::new() };
+        threads.running.push({
             let stop = Arc::clone(&stop);
-            std::thread::spawn(move || server.serve_until(Some(MAX_LOOP + Duration::from_secs(30)), &stop))
-        };
+            std::thread::spawn(move || {
+                server.serve_until(Some(MAX_LOOP + Duration::from_secs(30)), &stop).expect("serving");
+            })
+        });
 
         node.restart(sizes, &plan);
         let first = node.linked();
@@ -745,7 +774,7 @@ mod upgrade_in_place {
         // A client in the node's cgroup connects through the Service all along.
         let done = Arc::new(AtomicUsize::new(0));
         let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-        let client = {
+        threads.running.push({
             let (stop, done, failures) = (Arc::clone(&stop), Arc::clone(&done), Arc::clone(&failures));
             let (netns, cgroup) = (node.netns.clone(), node.cgroup().to_owned());
             std::thread::spawn(move || {
@@ -763,7 +792,7 @@ mod upgrade_in_place {
                 })
                 .expect("entering the namespace and cgroup");
             })
-        };
+        });
         let wait_for_requests = |count: usize| {
             let until = Instant::now() + Duration::from_secs(20);
             let target = done.load(Ordering::Relaxed) + count;
@@ -823,9 +852,7 @@ mod upgrade_in_place {
         eprintln!("upgrade with a new services map: {took:?}, {during_resize} requests meanwhile");
         wait_for_requests(50);
 
-        stop.store(true, Ordering::Relaxed);
-        client.join().expect("the client thread");
-        serving.join().expect("the echo thread").expect("serving");
+        threads.stop();
         let failures = failures.lock().unwrap();
         let total = done.load(Ordering::Relaxed);
         assert!(failures.is_empty(), "{} of {total} requests failed, first: {:?}", failures.len(), failures.first());
