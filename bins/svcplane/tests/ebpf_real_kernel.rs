@@ -566,3 +566,297 @@ mod cold_start {
         }
     }
 }
+
+/// A restart whose programs differ from the ones pinned links run moves every link onto the
+/// new programs in place, while a client keeps connecting through a ClusterIP.
+mod upgrade_in_place {
+    use std::io::{Read, Write};
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions};
+    use svcplane_bpf::MapSizes;
+    use svcplane_bpf::upgrade::{self, LinkedProgram};
+    use svcplane_core::{
+        Change, ClusterState, Dataplane, Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, NodeConfig,
+        NodePlan, PlanDiff, Protocol, Service, ServicePort,
+    };
+    use svcplane_testbed::cgroup::NodeCgroups;
+
+    const SERVICE: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 19, 0, 1)), 80);
+    const ENDPOINTS: [Ipv4Addr; 2] = [Ipv4Addr::new(198, 18, 128, 1), Ipv4Addr::new(198, 18, 128, 2)];
+    /// The node's interfaces besides loopback (a veth pair inside the namespace), where the
+    /// tc program is linked.
+    const INTERFACES: [&str; 2] = ["svcp-up0", "svcp-up1"];
+    /// Bounds of the client loop, whatever happens.
+    const MAX_CONNECTS: usize = 200_000;
+    const MAX_LOOP: Duration = Duration::from_secs(90);
+
+    /// A network namespace with both endpoints' addresses, a threaded cgroup and a bpf root
+    /// of the test's own, removed on drop.
+    struct Node {
+        netns: String,
+        cgroups: NodeCgroups,
+        bpf_root: PathBuf,
+    }
+
+    impl Node {
+        fn new() -> Self {
+            let netns = format!("svcp-upg-{}", std::process::id());
+            let ip = |args: &[&str]| {
+                let status = Command::new("ip").args(["-n", &netns]).args(args).status().expect("running ip");
+                assert!(status.success(), "ip -n {netns} {args:?}");
+            };
+            let status = Command::new("ip").args(["netns", "add", &netns]).status().expect("ip netns add");
+            assert!(status.success(), "ip netns add {netns}");
+            let cgroups = NodeCgroups::create(&netns, [1]).expect("a threaded cgroup for the node");
+            let node =
+                Self { bpf_root: std::env::temp_dir().join(format!("{netns}-bpf")), netns: netns.clone(), cgroups };
+            ip(&["link", "set", "lo", "up"]);
+            for endpoint in ENDPOINTS {
+                ip(&["addr", "add", &format!("{endpoint}/32"), "dev", "lo"]);
+            }
+            ip(&["link", "add", INTERFACES[0], "type", "veth", "peer", "name", INTERFACES[1]]);
+            for interface in INTERFACES {
+                ip(&["link", "set", interface, "up"]);
+            }
+            node
+        }
+
+        fn cgroup(&self) -> &Path {
+            self.cgroups.path(1).expect("the node's cgroup")
+        }
+
+        fn backend(&self, sizes: MapSizes) -> EbpfBackend {
+            EbpfBackend::new(EbpfOptions {
+                bpf_root: self.bpf_root.clone(),
+                cgroup: Some(self.cgroup().to_owned()),
+                sizes,
+                ..EbpfOptions::default()
+            })
+        }
+
+        /// A new process's first sync, from inside the namespace: how long it took.
+        fn restart(&self, sizes: MapSizes, plan: &NodePlan) -> Duration {
+            let mut backend = self.backend(sizes);
+            let started = Instant::now();
+            let report = svcplane_testbed::run_in_namespace(&self.netns, || backend.sync(plan, &PlanDiff::default()))
+                .expect("entering the namespace")
+                .expect("the first sync of a new process");
+            assert!(report.full, "a new process syncs in full");
+            started.elapsed()
+        }
+
+        /// What every pinned link runs: the eight socket programs' links, then the tc links.
+        fn linked(&self) -> Vec<(String, LinkedProgram)> {
+            let links = self.bpf_root.join("links");
+            svcplane_bpf::sock_lb::PROGRAMS
+                .iter()
+                .map(ToString::to_string)
+                .chain(INTERFACES.map(|interface| format!("tc-{interface}")))
+                .map(|name| {
+                    let program = upgrade::linked_program(&links.join(&name))
+                        .unwrap_or_else(|error| panic!("the link {name}: {error}"));
+                    (name, program)
+                })
+                .collect()
+        }
+
+        fn services_map_id(&self) -> u32 {
+            upgrade::pinned_map_id(&self.bpf_root.join(svcplane_bpf::maps::SERVICES_MAP)).expect("the services map")
+        }
+    }
+
+    impl Drop for Node {
+        fn drop(&mut self) {
+            let _ = svcplane_bpf::cleanup(&self.bpf_root);
+            let _ = Command::new("ip").args(["netns", "del", &self.netns]).status();
+            let _ = self.cgroups.remove();
+        }
+    }
+
+    /// The test's threads (echo server, client), stopped and joined on drop, so that a
+    /// failed assertion still leaves the cgroup empty for the node's cleanup.
+    struct Threads {
+        stop: Arc<AtomicBool>,
+        running: Vec<std::thread::JoinHandle<()>>,
+    }
+
+    impl Threads {
+        fn stop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+            for thread in self.running.drain(..) {
+                thread.join().expect("a test thread panicked");
+            }
+        }
+    }
+
+    impl Drop for Threads {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+            for thread in self.running.drain(..) {
+                let _ = thread.join();
+            }
+        }
+    }
+
+    fn plan() -> NodePlan {
+        let mut state = ClusterState::new();
+        let name = NamespacedName::new("upgrade", "web");
+        let port = ServicePort { name: "http".into(), protocol: Protocol::Tcp, port: SERVICE.port(), node_port: None };
+        state.apply(Change::ServiceUpserted(Service::cluster_ip(name.clone(), vec![SERVICE.ip()], vec![port])));
+        state.apply(Change::SliceUpserted(EndpointSlice {
+            last_change_trigger: None,
+            name: NamespacedName::new("upgrade", "web-1"),
+            service: name,
+            family: IpFamily::V4,
+            ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
+            endpoints: ENDPOINTS.iter().map(|ip| Endpoint::ready(IpAddr::V4(*ip), Some("node1"))).collect(),
+        }));
+        let config = NodeConfig {
+            node_name: "node1".into(),
+            cluster_cidrs: vec!["198.18.128.0/17".parse().unwrap()],
+            ..NodeConfig::default()
+        };
+        NodePlan::build(&state, config)
+    }
+
+    /// One request through the Service: connected, answered by an endpoint, and the socket
+    /// names the Service as its peer.
+    fn request() -> Result<(), String> {
+        let mut stream =
+            TcpStream::connect_timeout(&SERVICE, Duration::from_secs(1)).map_err(|e| format!("connect: {e}"))?;
+        let peer = stream.peer_addr().map_err(|e| format!("getpeername: {e}"))?;
+        if peer != SERVICE {
+            return Err(format!("the peer is {peer}, not the Service"));
+        }
+        stream.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
+        stream.write_all(b"ping\n").map_err(|e| format!("write: {e}"))?;
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).map_err(|e| format!("read: {e}"))?;
+        if answer.starts_with("upgrade ") { Ok(()) } else { Err(format!("answered {answer:?}")) }
+    }
+
+    #[test]
+    fn a_restart_with_other_programs_moves_every_pinned_link_onto_them_while_connects_keep_succeeding() {
+        if !svcplane_testbed::can_run_real_kernel_tests("ebpf upgrade in place") {
+            return;
+        }
+        let node = Node::new();
+        let plan = plan();
+        let sizes = MapSizes { services: 4096, backends: 4096, affinity: 1024, reverse: 4096 };
+        let server = svcplane_testbed::run_in_namespace(&node.netns, || {
+            let addresses: Vec<SocketAddr> =
+                ENDPOINTS.iter().map(|ip| SocketAddr::new(IpAddr::V4(*ip), 8080)).collect();
+            svcplane_testbed::echo::EchoServer::bind("upgrade", &addresses)
+        })
+        .expect("entering the namespace")
+        .expect("binding the endpoints");
+        let stop = Arc::new(AtomicBool::new(false));
+        // Declared after the node: dropped (stopped, joined) before it.
+        let mut threads = Threads { stop: Arc::clone(&stop), running: Vec::new() };
+        threads.running.push({
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                server.serve_until(Some(MAX_LOOP + Duration::from_secs(30)), &stop).expect("serving");
+            })
+        });
+
+        node.restart(sizes, &plan);
+        let first = node.linked();
+        assert_eq!(upgrade::recorded_identity(&node.bpf_root), Some(upgrade::identity(sizes)), "this build recorded");
+
+        // A client in the node's cgroup connects through the Service all along.
+        let done = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        threads.running.push({
+            let (stop, done, failures) = (Arc::clone(&stop), Arc::clone(&done), Arc::clone(&failures));
+            let (netns, cgroup) = (node.netns.clone(), node.cgroup().to_owned());
+            std::thread::spawn(move || {
+                svcplane_testbed::run_in_namespace_within(&netns, Some(&cgroup), || {
+                    let started = Instant::now();
+                    while !stop.load(Ordering::Relaxed)
+                        && done.load(Ordering::Relaxed) < MAX_CONNECTS
+                        && started.elapsed() < MAX_LOOP
+                    {
+                        if let Err(error) = request() {
+                            failures.lock().unwrap().push(error);
+                        }
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+                .expect("entering the namespace and cgroup");
+            })
+        });
+        let wait_for_requests = |count: usize| {
+            let until = Instant::now() + Duration::from_secs(20);
+            let target = done.load(Ordering::Relaxed) + count;
+            while done.load(Ordering::Relaxed) < target && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        wait_for_requests(50);
+
+        // 1. Pins that another build left: the recorded identity differs.
+        upgrade::record_identity(&node.bpf_root, upgrade::identity(sizes) ^ 1).expect("recording another identity");
+        let services_map = node.services_map_id();
+        let before = done.load(Ordering::Relaxed);
+        let took = node.restart(sizes, &plan);
+        let during = done.load(Ordering::Relaxed) - before;
+        let second = node.linked();
+        for ((link, old), (_, new)) in first.iter().zip(&second) {
+            assert_ne!(old.id, new.id, "{link} runs a program loaded by the new process");
+            assert_eq!(old.tag, new.tag, "{link}: the same instructions (the same build underneath)");
+        }
+        assert_eq!(node.services_map_id(), services_map, "maps of an unchanged layout are kept");
+        assert_eq!(upgrade::recorded_identity(&node.bpf_root), Some(upgrade::identity(sizes)), "this build recorded");
+        eprintln!("upgrade with the same maps: {took:?}, {during} requests meanwhile");
+        wait_for_requests(50);
+
+        // 2. The same build again: the links are adopted as they are.
+        node.restart(sizes, &plan);
+        let third = node.linked();
+        assert_eq!(third, second, "nothing is replaced when the build is the one recorded");
+        wait_for_requests(50);
+
+        // 3. Bigger maps: the services map's layout changed, so it is created anew, filled,
+        // and the programs (which held the old one) are replaced after that.
+        let bigger = MapSizes { services: 8192, ..sizes };
+        let frontends = || -> std::collections::BTreeSet<svcplane_bpf::ServiceKey> {
+            let (services, _) = svcplane_bpf::sock_lb::open_pinned_services(&node.bpf_root).expect("the pinned maps");
+            services.keys().map(Result::unwrap).collect()
+        };
+        let old_frontends = frontends();
+        assert!(!old_frontends.is_empty(), "the Service has frontends");
+        let before = done.load(Ordering::Relaxed);
+        let took = node.restart(bigger, &plan);
+        let during_resize = done.load(Ordering::Relaxed) - before;
+        let fourth = node.linked();
+        let new_services_map = node.services_map_id();
+        assert_ne!(new_services_map, services_map, "the services map was created anew");
+        for ((link, old), (_, new)) in third.iter().zip(&fourth) {
+            assert_ne!(old.id, new.id, "{link} runs a new program");
+            assert!(!new.map_ids.contains(&services_map), "{link} no longer uses the old services map");
+            // The programs that look Services up (recvmsg and getpeername only read the
+            // socket's own storage).
+            if link.contains("connect") || link.contains("sendmsg") || link.starts_with("tc-") {
+                assert!(new.map_ids.contains(&new_services_map), "{link} uses the new one: {:?}", new.map_ids);
+            }
+        }
+        assert_eq!(frontends(), old_frontends, "the new map holds every frontend the old one held");
+        eprintln!("upgrade with a new services map: {took:?}, {during_resize} requests meanwhile");
+        wait_for_requests(50);
+
+        threads.stop();
+        let failures = failures.lock().unwrap();
+        let total = done.load(Ordering::Relaxed);
+        assert!(failures.is_empty(), "{} of {total} requests failed, first: {:?}", failures.len(), failures.first());
+        assert!(total >= 200, "the client kept going ({total} requests)");
+        assert!(during > 0 && during_resize > 0, "requests ran during both upgrades ({during}, {during_resize})");
+    }
+}

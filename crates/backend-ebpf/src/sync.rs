@@ -152,6 +152,9 @@ struct Filled {
     old_live: BTreeSet<LiveKey>,
     wanted: MapUsage,
     operations: usize,
+    /// The source ranges and Maglev tables the plan wants (known once the tc maps are filled).
+    wanted_ranges: BTreeSet<(ServiceKey, IpNet)>,
+    wanted_maglev: BTreeSet<u32>,
 }
 
 /// svcplane's eBPF mode.
@@ -175,8 +178,12 @@ pub struct EbpfBackend {
     last_count_check: Option<Instant>,
     /// How long each phase of the last sync took ([`EbpfBackend::last_sync_phases`]).
     phases: Vec<(&'static str, Duration)>,
-    /// The report of a cold sync, until its programs are attached.
-    cold_report: Option<SyncReport>,
+    /// What a cold sync filled, until its programs are linked and the stale entries go.
+    cold_filled: Option<Filled>,
+    /// Set while the objects are open but their programs not all linked yet
+    /// ([`EbpfBackend::finish_opening`]): the socket programs replacing an earlier build's
+    /// links, if any.
+    opening: Option<Option<svcplane_bpf::StagedPrograms>>,
 }
 
 impl EbpfBackend {
@@ -196,7 +203,8 @@ impl EbpfBackend {
             last_drift_check: None,
             last_count_check: None,
             phases: Vec::new(),
-            cold_report: None,
+            cold_filled: None,
+            opening: None,
         }
     }
 
@@ -239,37 +247,42 @@ impl EbpfBackend {
         let (bpf_root, sizes, maglev_size) =
             (self.options.bpf_root.clone(), self.options.sizes, self.options.maglev_size);
         let (lb_sender, lb_receiver) = std::sync::mpsc::channel();
-        let (pinned_sender, pinned_receiver) = std::sync::mpsc::channel::<()>();
+        // Whether the linked programs are an earlier build's, decided by the socket side
+        // before it changes anything (it may create shared maps anew).
+        let (pinned_sender, pinned_receiver) = std::sync::mpsc::channel::<bool>();
         let (tc_sender, tc_receiver) = std::sync::mpsc::channel();
         type Timings = Vec<(&'static str, Duration)>;
         let (synced, sock_thread, tc_thread) = std::thread::scope(|scope| {
-            let sock = scope.spawn(move || -> (Result<bool, BpfError>, Timings) {
+            type Staged = Option<svcplane_bpf::StagedPrograms>;
+            let sock = scope.spawn(move || -> (Result<Staged, BpfError>, Timings) {
                 let started = Instant::now();
                 let opened = SockLb::open_maps(&options, cookie);
                 let mut timings = vec![("opening the socket object and its maps (own thread)", started.elapsed())];
                 let programs = match opened {
                     Ok((lb, programs)) => {
+                        let _ = pinned_sender.send(lb.replacing);
                         let _ = lb_sender.send(Ok(lb));
-                        let _ = pinned_sender.send(());
                         programs
                     }
                     Err(error) => {
                         let _ = lb_sender.send(Err(error));
-                        return (Ok(false), timings);
+                        return (Ok(None), timings);
                     }
                 };
                 let started = Instant::now();
-                let attached = programs.attach();
+                // Links an earlier build pinned move onto the new programs only once the
+                // maps are filled (`finish_opening`).
+                let attached = programs.attach_staging_replacements().map(|(_, staged)| staged);
                 timings.push(("loading and attaching the socket programs (own thread)", started.elapsed()));
                 (attached, timings)
             });
             let tc = scope.spawn(move || -> (Result<Option<svcplane_bpf::tc::TcProgram>, BpfError>, Timings) {
                 // The tc object shares the socket object's maps through their pins.
-                if pinned_receiver.recv().is_err() {
+                let Ok(replacing) = pinned_receiver.recv() else {
                     return (Ok(None), Vec::new());
-                }
+                };
                 let started = Instant::now();
-                let opened = TcNat::open_maps(&bpf_root, sizes, maglev_size);
+                let opened = TcNat::open_maps_replacing(&bpf_root, sizes, maglev_size, replacing);
                 let mut timings = vec![("opening the tc object and its maps (own thread)", started.elapsed())];
                 let program = match opened {
                     Ok((tc, program)) => {
@@ -296,27 +309,70 @@ impl EbpfBackend {
         let (tc_loaded, tc_timings) = tc_thread.map_err(|_| panicked("opening the tc program"))?;
         self.phases.extend(sock_timings);
         self.phases.extend(tc_timings);
-        let opened = synced.and(sock_attached).and(tc_loaded).and_then(|program| {
+        let opened = synced.and(tc_loaded).and_then(|program| {
+            let staged = sock_attached?;
             let program = program.ok_or_else(|| panicked("the tc program was not loaded"))?;
             let tc = self.tc.take().ok_or_else(|| panicked("the tc maps were not opened"))?.with_program(program);
-            let tc = self.tc.insert(tc);
-            let interfaces = svcplane_bpf::tc::node_interfaces()?;
-            for interface in &interfaces {
-                tc.attach(interface)?;
-            }
-            self.tc_interfaces = interfaces;
-            Ok(())
+            self.tc = Some(tc);
+            self.opening = Some(staged);
+            self.finish_opening(at)?;
+            let filled = self.cold_filled.take().expect("set by a cold sync that succeeded");
+            self.remove_stale(plan, filled)
         });
-        self.phase("attaching the tc program to the interfaces", at);
         match opened {
-            Ok(()) => Ok(self.cold_report.take().expect("set by a cold sync that succeeded")),
+            Ok(report) => Ok(report),
             Err(error) => {
                 // Opened again, and synced in full, on the next try.
                 self.lb = None;
                 self.tc = None;
+                self.opening = None;
+                self.cold_filled = None;
                 Err(error)
             }
         }
+    }
+
+    /// Links the programs of objects just opened, once their maps are filled: moves links
+    /// an earlier build pinned onto this build's programs (socket programs, then the tc
+    /// program: each link atomically, so every hook always runs one build or the other),
+    /// attaches the tc program where it is not, and records this build's identity under
+    /// the bpf root. Stale entries are removed only after this: until their links move, the
+    /// old programs may still read them (or maps of the old layout, which they hold).
+    fn finish_opening(&mut self, at: Instant) -> Result<(), BpfError> {
+        let Some(staged) = self.opening.take() else { return Ok(()) };
+        let linked = self.link_opened(staged, at);
+        if linked.is_err() {
+            // Opened again (and the links moved again) on the next try.
+            self.lb = None;
+            self.tc = None;
+        }
+        linked
+    }
+
+    fn link_opened(&mut self, staged: Option<svcplane_bpf::StagedPrograms>, at: Instant) -> Result<(), BpfError> {
+        let replaced = match staged {
+            Some(staged) => staged.swap()?,
+            None => 0,
+        };
+        let tc = self.tc.as_mut().expect("opened with lb");
+        let interfaces = svcplane_bpf::tc::node_interfaces()?;
+        for interface in &interfaces {
+            tc.attach(interface)?;
+        }
+        self.tc_interfaces = interfaces;
+        svcplane_bpf::upgrade::record_identity(
+            &self.options.bpf_root,
+            svcplane_bpf::upgrade::identity(self.options.sizes),
+        )?;
+        self.phase(
+            if replaced > 0 {
+                "moving the pinned links onto the new programs, attaching the tc program"
+            } else {
+                "attaching the tc program to the interfaces"
+            },
+            at,
+        );
+        Ok(())
     }
 
     /// [`EbpfOptions::cold_start_on_one_thread`]: the objects opened, the programs loaded
@@ -329,19 +385,26 @@ impl EbpfBackend {
         };
         let options = SockLbOptions { bpf_root: self.options.bpf_root.clone(), cgroup, sizes: self.options.sizes };
         let cookie = svcplane_bpf::sys::current_netns_cookie()?;
-        let lb = SockLb::open(&options, cookie)?;
+        let (lb, programs) = SockLb::open_maps(&options, cookie)?;
+        let replacing = lb.replacing;
+        // Keeps the maps the programs refer to until they are loaded.
+        let lb = self.lb.insert(lb);
+        let (adopted, staged) = programs.attach_staging_replacements()?;
+        lb.adopted = adopted;
         let at = self.phase("opening, loading and attaching the socket programs", at);
-        let mut tc = TcNat::open(&self.options.bpf_root, self.options.sizes, self.options.maglev_size)?
-            .with_direct_server_return(self.options.external_mode == ExternalMode::Dsr);
-        let at = self.phase("opening and loading the tc program", at);
-        let interfaces = svcplane_bpf::tc::node_interfaces()?;
-        for interface in &interfaces {
-            tc.attach(interface)?;
-        }
-        self.phase("attaching the tc program to the interfaces", at);
-        self.lb = Some(lb);
+        let (tc, program) = TcNat::open_maps_replacing(
+            &self.options.bpf_root,
+            self.options.sizes,
+            self.options.maglev_size,
+            replacing,
+        )?;
+        let tc =
+            tc.with_program(program.load()?).with_direct_server_return(self.options.external_mode == ExternalMode::Dsr);
+        self.phase("opening and loading the tc program", at);
         self.tc = Some(tc);
-        self.tc_interfaces = interfaces;
+        // The tc program is attached (and pinned links moved) by the full sync that
+        // follows, once the maps are filled.
+        self.opening = Some(staged);
         Ok(())
     }
 
@@ -367,7 +430,7 @@ impl EbpfBackend {
         let tc = tc.recv().unwrap_or_else(|_| Err(panicked("opening the tc maps")));
         self.phase("waiting for the tc maps", at);
         self.tc = Some(tc?.with_direct_server_return(self.options.external_mode == ExternalMode::Dsr));
-        self.cold_report = Some(self.finish_full_sync(plan, filled?)?);
+        self.cold_filled = Some(self.fill_tc_maps(plan, filled?)?);
         Ok(())
     }
 
@@ -378,7 +441,9 @@ impl EbpfBackend {
         let built = self.build_batches(plan, rendered);
         self.phase("giving ids, building the batches", at);
         let filled = self.fill_socket_maps(built)?;
-        self.finish_full_sync(plan, filled)
+        let filled = self.fill_tc_maps(plan, filled)?;
+        self.finish_opening(Instant::now())?;
+        self.remove_stale(plan, filled)
     }
 
     /// Every service port of the plan rendered, in the plan's order (no map is read).
@@ -474,13 +539,23 @@ impl EbpfBackend {
             }
         }
         self.phase("port names", at);
-        Ok(Filled { record, bulk, old_services, old_backends, old_live, wanted, operations })
+        Ok(Filled {
+            record,
+            bulk,
+            old_services,
+            old_backends,
+            old_live,
+            wanted,
+            operations,
+            wanted_ranges: BTreeSet::new(),
+            wanted_maglev: BTreeSet::new(),
+        })
     }
 
-    /// The rest of a full sync: the tc maps, then what the plan no longer has.
-    fn finish_full_sync(&mut self, plan: &NodePlan, filled: Filled) -> Result<SyncReport, BpfError> {
+    /// The second part of a full sync: the tc maps.
+    fn fill_tc_maps(&mut self, plan: &NodePlan, filled: Filled) -> Result<Filled, BpfError> {
         let at = Instant::now();
-        let Filled { record, bulk, old_services, old_backends, old_live, wanted, mut operations } = filled;
+        let Filled { record, bulk, old_services, old_backends, old_live, wanted, mut operations, .. } = filled;
         let tc = self.tc.as_mut().expect("opened with lb");
         tc.configure(&plan.config.node_ips, &plan.config.cluster_cidrs)?;
         let wanted_ranges: BTreeSet<(ServiceKey, IpNet)> = record
@@ -502,6 +577,36 @@ impl EbpfBackend {
         tc.set_maglev_many(&tables)?;
         operations += tables.len();
         let wanted_maglev: BTreeSet<u32> = tables.iter().map(|(set, _)| *set).collect();
+        self.phase("Maglev tables", at);
+        Ok(Filled {
+            record,
+            bulk,
+            old_services,
+            old_backends,
+            old_live,
+            wanted,
+            operations,
+            wanted_ranges,
+            wanted_maglev,
+        })
+    }
+
+    /// The last part of a full sync: what the plan no longer has, once the programs that
+    /// read the new entries are linked.
+    fn remove_stale(&mut self, plan: &NodePlan, filled: Filled) -> Result<SyncReport, BpfError> {
+        let at = Instant::now();
+        let Filled {
+            record,
+            bulk,
+            old_services,
+            old_backends,
+            old_live,
+            wanted,
+            mut operations,
+            wanted_ranges,
+            wanted_maglev,
+        } = filled;
+        let tc = self.tc.as_mut().expect("opened with lb");
         for set in tc.maglev_sets() {
             if !wanted_maglev.contains(&set) {
                 tc.remove_maglev(set);
@@ -514,7 +619,6 @@ impl EbpfBackend {
                 operations += 1;
             }
         }
-        let at = self.phase("Maglev tables", at);
         let lb = self.lb.as_mut().expect("opened");
         // What the maps held before and the plan no longer has (nothing on a fresh node:
         // the sets of wanted keys are only built when there is something to compare).
@@ -954,7 +1058,13 @@ impl Dataplane for EbpfBackend {
     fn sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<SyncReport, DataplaneError> {
         self.phases.clear();
         let result = if self.lb.is_none() && self.options.cold_start_on_one_thread {
-            self.open_on_one_thread().and_then(|()| self.full_sync(plan))
+            let opened = self.open_on_one_thread();
+            if opened.is_err() {
+                self.lb = None;
+                self.tc = None;
+                self.opening = None;
+            }
+            opened.and_then(|()| self.full_sync(plan))
         } else if self.lb.is_none() {
             self.open_and_full_sync(plan)
         } else if self.full_pending {

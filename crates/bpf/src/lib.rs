@@ -1,7 +1,8 @@
 //! The BPF mechanism of svcplane's eBPF mode: the C programs under `bpf/` (compiled by
 //! clang from `build.rs` and embedded), the typed keys and values of their maps, and
 //! loading, pinning (under a bpffs directory), attaching (to a cgroup v2 directory) and
-//! removing them, with aya 0.14; and closing the node's connected UDP sockets the
+//! removing them, with aya 0.14; moving the links an earlier build pinned onto this
+//! build's programs in place ([`upgrade`]); and closing the node's connected UDP sockets the
 //! programs balanced, through the socket-diagnostics netlink family ([`sockets`]).
 //!
 //! What it does not do: it knows nothing of Services, plans or Kubernetes and decides no
@@ -20,6 +21,7 @@ pub mod sock_lb;
 pub mod sockets;
 pub mod sys;
 pub mod tc;
+pub mod upgrade;
 
 pub use error::BpfError;
 pub use maps::{
@@ -27,7 +29,7 @@ pub use maps::{
     ServiceFlags, ServiceKey, ServiceValue,
 };
 pub use pins::cleanup;
-pub use sock_lb::{MapSizes, SockLb, SockLbOptions, SockPrograms};
+pub use sock_lb::{MapSizes, SockLb, SockLbOptions, SockPrograms, StagedPrograms};
 
 /// The socket-level load balancer's object (`bpf/sock_lb.c`), as clang built it.
 /// The tc program's object (`bpf/tc_nat.c`).

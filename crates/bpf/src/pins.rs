@@ -21,7 +21,11 @@ pub fn cleanup(bpf_root: &Path) -> Result<bool, BpfError> {
     for interface in tc::pinned_interfaces(bpf_root) {
         found |= remove_if_there(&links_dir.join(format!("tc-{interface}")))?;
     }
-    let maps = crate::maps::SOCK_LB_MAPS.iter().chain(tc::TC_MAPS.iter()).chain(crate::maps::RETIRED_MAPS.iter());
+    let maps = crate::maps::SOCK_LB_MAPS
+        .iter()
+        .chain(tc::TC_MAPS.iter())
+        .chain(crate::maps::RETIRED_MAPS.iter())
+        .chain(std::iter::once(&crate::upgrade::BUILD_MAP));
     for map in maps {
         found |= remove_if_there(&bpf_root.join(map))?;
     }

@@ -83,6 +83,9 @@ pub struct SockLb {
     pub sizes: MapSizes,
     /// Whether programs were already linked by an earlier process (adopted, not attached).
     pub adopted: bool,
+    /// Whether the linked programs are being replaced by this build's
+    /// ([`crate::upgrade::must_replace_linked_programs`], decided when the maps were opened).
+    pub replacing: bool,
 }
 
 impl SockLb {
@@ -113,6 +116,10 @@ impl SockLb {
             source,
         })?;
         let sizes = options.sizes;
+        // Decided before anything changes under the root: whether the linked programs are
+        // an earlier build's (or use maps about to be created anew).
+        let replacing = crate::upgrade::must_replace_linked_programs(&options.bpf_root, sizes);
+        crate::upgrade::unpin_changed_maps(&options.bpf_root, SOCK_LB_OBJECT, "sock_lb.o", sizes, &SOCK_LB_MAPS)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&options.bpf_root)
             .map_max_entries(SERVICES_MAP, sizes.services)
@@ -153,8 +160,9 @@ impl SockLb {
             names: typed(&mut ebpf, crate::maps::PORT_NAMES_MAP)?,
             sizes,
             adopted: false,
+            replacing,
         };
-        Ok((lb, SockPrograms { ebpf, cgroup, links_dir, _config: config }))
+        Ok((lb, SockPrograms { ebpf, cgroup, links_dir, replacing, _config: config }))
     }
 }
 
@@ -163,6 +171,8 @@ pub struct SockPrograms {
     ebpf: Ebpf,
     cgroup: File,
     links_dir: PathBuf,
+    /// Whether links already pinned move onto this object's programs.
+    replacing: bool,
     /// Kept open until the programs are loaded (they refer to it).
     _config: Array<MapData, Config>,
 }
@@ -175,20 +185,69 @@ impl std::fmt::Debug for SockPrograms {
 
 impl SockPrograms {
     /// Loads and attaches every program no pinned link attaches yet (a link pinned by an
-    /// earlier process is kept: nothing is attached twice). Returns whether every program
+    /// earlier process is kept: nothing is attached twice), and moves links pinned by an
+    /// earlier build onto this build's programs at once. Returns whether every program
     /// was already linked (adopted). The [`SockLb`] opened with these programs must still be
     /// alive (it holds the maps they refer to).
-    pub fn attach(mut self) -> Result<bool, BpfError> {
+    pub fn attach(self) -> Result<bool, BpfError> {
+        let (adopted, staged) = self.attach_staging_replacements()?;
+        if let Some(staged) = staged {
+            staged.swap()?;
+        }
+        Ok(adopted)
+    }
+
+    /// [`SockPrograms::attach`], except that links an earlier build pinned are not moved
+    /// yet: their new programs are loaded and handed back, to be swapped in with
+    /// [`StagedPrograms::swap`] once the maps are filled. Returns whether every program was
+    /// already linked, and the programs to swap in (`None` when nothing is replaced).
+    pub fn attach_staging_replacements(mut self) -> Result<(bool, Option<StagedPrograms>), BpfError> {
         let mut adopted = true;
+        let mut staged = Vec::new();
         for program in PROGRAMS {
             let pin = self.links_dir.join(program);
             if pin.exists() {
+                if self.replacing {
+                    load(&mut self.ebpf, program)?;
+                    staged.push((program, pin));
+                }
                 continue;
             }
             adopted = false;
             attach(&mut self.ebpf, program, &self.cgroup, &pin)?;
         }
-        Ok(adopted)
+        let staged = (!staged.is_empty()).then_some(StagedPrograms { ebpf: self.ebpf, links: staged });
+        Ok((adopted, staged))
+    }
+}
+
+/// Socket programs loaded to replace the ones pinned links run ([`SockPrograms::attach_staging_replacements`]).
+pub struct StagedPrograms {
+    ebpf: Ebpf,
+    links: Vec<(&'static str, PathBuf)>,
+}
+
+impl std::fmt::Debug for StagedPrograms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagedPrograms").field("links", &self.links).finish_non_exhaustive()
+    }
+}
+
+impl StagedPrograms {
+    /// Moves every pinned link onto its new program (`BPF_LINK_UPDATE`, one link at a
+    /// time, each atomically). Returns how many links moved.
+    pub fn swap(self) -> Result<usize, BpfError> {
+        use std::os::fd::AsFd;
+        for (program, pin) in &self.links {
+            let loaded = sock_addr(&self.ebpf, program)?;
+            let fd = loaded.fd().map_err(|source| BpfError::Program {
+                program,
+                what: "not loaded",
+                source: Box::new(source),
+            })?;
+            crate::upgrade::update_pinned_link(pin, fd.as_fd(), program)?;
+        }
+        Ok(self.links.len())
     }
 }
 
@@ -200,7 +259,21 @@ pub struct BatchMaps {
     pub live: MapData,
 }
 
-fn attach(ebpf: &mut Ebpf, program: &'static str, cgroup: &File, pin: &Path) -> Result<(), BpfError> {
+fn sock_addr<'a>(ebpf: &'a Ebpf, program: &'static str) -> Result<&'a CgroupSockAddr, BpfError> {
+    let prog = ebpf.program(program).ok_or(BpfError::Link {
+        program,
+        what: "missing from the object",
+        source: "no such program".into(),
+    })?;
+    prog.try_into().map_err(|source| BpfError::Program {
+        program,
+        what: "not a cgroup sock_addr program",
+        source: Box::new(source),
+    })
+}
+
+/// Loads `program` (the verifier checks it).
+fn load<'a>(ebpf: &'a mut Ebpf, program: &'static str) -> Result<&'a mut CgroupSockAddr, BpfError> {
     let prog = ebpf.program_mut(program).ok_or(BpfError::Link {
         program,
         what: "missing from the object",
@@ -216,6 +289,11 @@ fn attach(ebpf: &mut Ebpf, program: &'static str, cgroup: &File, pin: &Path) -> 
         what: "loading (the verifier said no?)",
         source: Box::new(source),
     })?;
+    Ok(prog)
+}
+
+fn attach(ebpf: &mut Ebpf, program: &'static str, cgroup: &File, pin: &Path) -> Result<(), BpfError> {
+    let prog = load(ebpf, program)?;
     let id = prog.attach(cgroup, CgroupAttachMode::Single).map_err(|source| BpfError::Program {
         program,
         what: "attaching to the cgroup",

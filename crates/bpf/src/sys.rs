@@ -1,7 +1,7 @@
 //! Small pieces of the system around BPF: the cgroup2 mount, bpffs, and the network
 //! namespace cookie the programs compare against.
 // getsockopt(SO_NETNS_COOKIE) has no safe wrapper in libc or nix 0.31, and aya 0.14 has no
-// batched map updates: both are raw calls here, and only here.
+// batched map updates nor a public link update: they are raw calls here, and only here.
 #![allow(unsafe_code)]
 
 use std::os::fd::AsRawFd;
@@ -173,6 +173,78 @@ pub fn update_batch<K: aya::Pod, V: aya::Pod>(
             return Err(std::io::Error::other("BPF_MAP_UPDATE_BATCH wrote nothing"));
         }
         done += written;
+    }
+    Ok(())
+}
+
+/// `BPF_OBJ_GET` and `BPF_LINK_UPDATE` (linux/bpf.h `enum bpf_cmd`).
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_LINK_UPDATE: libc::c_long = 29;
+
+/// The `obj` member of `union bpf_attr` (pin path, fd, flags).
+#[repr(C)]
+#[derive(Default)]
+struct ObjAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+    path_fd: i32,
+    pad: u32,
+}
+
+/// The `link_update` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct LinkUpdateAttr {
+    link_fd: u32,
+    new_prog_fd: u32,
+    flags: u32,
+    old_prog_fd: u32,
+}
+
+/// Opens the BPF object pinned at `pin` (`BPF_OBJ_GET`): a map, program or link.
+pub(crate) fn obj_get(pin: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(pin.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    let mut attr = ObjAttr { pathname: path.as_ptr() as u64, ..ObjAttr::default() };
+    // SAFETY: `attr` is a valid `bpf_attr` for BPF_OBJ_GET; `pathname` points at a
+    // NUL-terminated string alive for the whole call, which the kernel only reads.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, (&raw mut attr).cast::<libc::c_void>(), size_of::<ObjAttr>())
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fd = i32::try_from(rc).map_err(std::io::Error::other)?;
+    // SAFETY: the kernel returned a new file descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Moves the BPF link `link` onto `program` (`BPF_LINK_UPDATE`, Linux 5.7 for cgroup links,
+/// 6.6 for tcx ones): the hook runs the old program until the new one replaces it, never
+/// none.
+pub(crate) fn link_update(
+    link: std::os::fd::BorrowedFd<'_>,
+    program: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<()> {
+    let mut attr = LinkUpdateAttr {
+        link_fd: u32::try_from(link.as_raw_fd()).map_err(std::io::Error::other)?,
+        new_prog_fd: u32::try_from(program.as_raw_fd()).map_err(std::io::Error::other)?,
+        ..LinkUpdateAttr::default()
+    };
+    // SAFETY: `attr` is a valid `bpf_attr.link_update`; both descriptors are open for the
+    // whole call (borrowed); the kernel only reads `attr`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_UPDATE,
+            (&raw mut attr).cast::<libc::c_void>(),
+            size_of::<LinkUpdateAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }

@@ -87,6 +87,8 @@ pub struct TcNat {
     direct_server_return: bool,
     /// Entries of `cluster_cidrs` written so far.
     written_cidrs: Vec<IpNet>,
+    /// Whether links already pinned run an earlier build's program and move onto this one.
+    replacing: bool,
 }
 
 impl std::fmt::Debug for TcNat {
@@ -108,6 +110,21 @@ impl TcNat {
     /// (on another thread if need be), then [`TcNat::with_program`]. Until then the maps
     /// can be written, but nothing can be attached.
     pub fn open_maps(bpf_root: &Path, sizes: MapSizes, maglev_size: u32) -> Result<(Self, TcProgram), BpfError> {
+        let replacing = crate::upgrade::must_replace_linked_programs(bpf_root, sizes);
+        Self::open_maps_replacing(bpf_root, sizes, maglev_size, replacing)
+    }
+
+    /// [`TcNat::open_maps`], told whether links already pinned move onto this program
+    /// ([`crate::upgrade::must_replace_linked_programs`], decided before the socket
+    /// balancer opened: it may have created shared maps anew since).
+    pub fn open_maps_replacing(
+        bpf_root: &Path,
+        sizes: MapSizes,
+        maglev_size: u32,
+        replacing: bool,
+    ) -> Result<(Self, TcProgram), BpfError> {
+        // The maps shared with the socket balancer were checked when it opened.
+        crate::upgrade::unpin_changed_maps(bpf_root, TC_NAT_OBJECT, "tc_nat.o", sizes, &TC_MAPS)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(bpf_root)
             .map_max_entries(SERVICES_MAP, sizes.services)
@@ -137,6 +154,7 @@ impl TcNat {
             maglev_size,
             direct_server_return: false,
             written_cidrs: Vec::new(),
+            replacing,
         };
         Ok((tc, TcProgram { ebpf }))
     }
@@ -163,13 +181,25 @@ impl TcNat {
         self
     }
 
-    /// Attaches the program to `interface`'s ingress unless a pinned link already does.
-    /// Returns whether it attached.
+    /// Attaches the program to `interface`'s ingress unless a pinned link already does; a
+    /// link an earlier build pinned is moved onto this program (`BPF_LINK_UPDATE`,
+    /// atomically). Returns whether it attached or moved a link.
     pub fn attach(&mut self, interface: &str) -> Result<bool, BpfError> {
         let links = self.bpf_root.join(crate::sys::LINKS_DIR);
         let pin = links.join(format!("{LINK_PREFIX}{interface}"));
         if pin.exists() {
-            return Ok(false);
+            if !self.replacing {
+                return Ok(false);
+            }
+            use std::os::fd::AsFd;
+            let program = self.program()?;
+            let fd = program.fd().map_err(|source| BpfError::Program {
+                program: PROGRAM,
+                what: "not loaded",
+                source: Box::new(source),
+            })?;
+            crate::upgrade::update_pinned_link(&pin, fd.as_fd(), PROGRAM)?;
+            return Ok(true);
         }
         std::fs::create_dir_all(&links).map_err(|source| BpfError::BpfFs {
             path: links.clone(),

@@ -1,0 +1,263 @@
+//! Replacing the programs an earlier build left linked under a bpf root, in place.
+//!
+//! Links pinned under `<bpf root>/links` keep their programs attached across restarts, so a
+//! new build that only adopted them would keep running the old build's programs. The build
+//! that last linked its programs is recorded in a pinned map ([`BUILD_MAP`]) as an
+//! [`identity`]: a hash of both embedded objects and the map sizes. A new process whose
+//! identity differs (or that finds a map it had to create or recreate while links exist)
+//! loads its own programs and moves every pinned link onto them with `BPF_LINK_UPDATE`,
+//! which swaps a link's program atomically: every hook runs either the old program or the
+//! new one, never none. Maps whose layout changed (type, key or value size, capacity,
+//! flags) are unpinned before the objects are opened, so new ones are created in their
+//! place and filled by the sync; the old programs keep theirs (they hold them) until their
+//! links move.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
+
+use aya::maps::{Array, Map, MapData, MapInfo};
+
+use crate::sys::LINKS_DIR;
+use crate::{BpfError, MapSizes, SOCK_LB_OBJECT, TC_NAT_OBJECT};
+
+/// The pinned map holding the identity of the build whose programs are linked (one u64).
+pub const BUILD_MAP: &str = "svcplane_build";
+
+/// This build's identity for maps of `sizes`: FNV-1a over both objects' bytes and the
+/// sizes (a map's capacity is part of its layout).
+pub fn identity(sizes: MapSizes) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let sizes = [sizes.services, sizes.backends, sizes.affinity, sizes.reverse];
+    let bytes = SOCK_LB_OBJECT
+        .iter()
+        .chain(TC_NAT_OBJECT.iter())
+        .copied()
+        .chain(sizes.iter().flat_map(|size| size.to_le_bytes()));
+    for byte in bytes {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// The identity recorded under `bpf_root`, if any.
+pub fn recorded_identity(bpf_root: &Path) -> Option<u64> {
+    let data = MapData::from_pin(bpf_root.join(BUILD_MAP)).ok()?;
+    let map: Array<MapData, u64> = Array::try_from(Map::Array(data)).ok()?;
+    map.get(&0, 0).ok()
+}
+
+/// Records `identity` under `bpf_root` (the build whose programs are linked now).
+pub fn record_identity(bpf_root: &Path, identity: u64) -> Result<(), BpfError> {
+    let failed = |what: &str, source: aya::maps::MapError| BpfError::Map {
+        map: BUILD_MAP,
+        what: what.to_owned(),
+        source: Box::new(source),
+    };
+    let pin = bpf_root.join(BUILD_MAP);
+    let mut map: Array<MapData, u64> = match MapData::from_pin(&pin) {
+        Ok(data) => Array::try_from(Map::Array(data)).map_err(|source| failed("typing its pin", source))?,
+        Err(_) => {
+            let map = Array::create(1, 0).map_err(|source| failed("creating it", source))?;
+            aya::maps::IterableMap::map(&map).pin(&pin).map_err(|source| BpfError::Io {
+                what: format!("pinning {}", pin.display()),
+                source: std::io::Error::other(source),
+            })?;
+            map
+        }
+    };
+    map.set(0, identity, 0).map_err(|source| failed("writing the build identity", source))
+}
+
+/// Whether links pinned under `bpf_root` run programs this build must replace: some link
+/// is pinned, and the recorded identity is not this build's for `sizes`, or one of the
+/// maps the programs use is not pinned or not laid out as this build wants (it will be
+/// created anew, and the linked programs hold the old one).
+pub fn must_replace_linked_programs(bpf_root: &Path, sizes: MapSizes) -> bool {
+    let links = bpf_root.join(LINKS_DIR);
+    let any_link = std::fs::read_dir(&links).is_ok_and(|mut entries| entries.next().is_some());
+    if !any_link {
+        return false;
+    }
+    if recorded_identity(bpf_root) != Some(identity(sizes)) {
+        return true;
+    }
+    [(SOCK_LB_OBJECT, "sock_lb.o"), (TC_NAT_OBJECT, "tc_nat.o")].into_iter().any(|(object, name)| {
+        expected_layouts(object, name, sizes).is_ok_and(|maps| {
+            maps.iter().any(|(map, wanted)| {
+                MapInfo::from_pin(bpf_root.join(map)).map(|info| Layout::of(&info)).ok() != Some(*wanted)
+            })
+        })
+    })
+}
+
+/// What makes two maps interchangeable for a program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    flags: u32,
+}
+
+impl Layout {
+    fn of(info: &MapInfo) -> Self {
+        Self {
+            map_type: info.map_type().map_or(u32::MAX, |t| t as u32),
+            key_size: info.key_size(),
+            value_size: info.value_size(),
+            max_entries: info.max_entries(),
+            flags: info.map_flags(),
+        }
+    }
+}
+
+/// The capacity this crate gives map `name` for `sizes` (what the loaders pass as
+/// `map_max_entries`), if it sets one.
+fn sized(name: &str, sizes: MapSizes) -> Option<u32> {
+    use crate::maps::{AFFINITY_MAP, BACKENDS_MAP, COUNTERS_MAP, LIVE_MAP, SERVICES_MAP, UDP_FLOWS_MAP};
+    match name {
+        SERVICES_MAP => Some(sizes.services),
+        BACKENDS_MAP | LIVE_MAP | COUNTERS_MAP => Some(sizes.backends),
+        AFFINITY_MAP => Some(sizes.affinity),
+        UDP_FLOWS_MAP | crate::tc::CT_MAP => Some(sizes.reverse),
+        _ => None,
+    }
+}
+
+/// The pinned maps of `object` with the layout this build gives them.
+fn expected_layouts(object: &[u8], name: &'static str, sizes: MapSizes) -> Result<Vec<(String, Layout)>, BpfError> {
+    let parsed = aya_obj::Object::parse(object).map_err(|source| BpfError::Io {
+        what: format!("parsing the embedded object {name}"),
+        source: std::io::Error::other(source),
+    })?;
+    Ok(parsed
+        .maps
+        .iter()
+        .filter(|(_, map)| map.pinning() == aya_obj::maps::PinningType::ByName)
+        .map(|(map_name, map)| {
+            let layout = Layout {
+                map_type: map.map_type(),
+                key_size: map.key_size(),
+                value_size: map.value_size(),
+                max_entries: sized(map_name, sizes).unwrap_or_else(|| map.max_entries()),
+                flags: map.map_flags(),
+            };
+            (map_name.clone(), layout)
+        })
+        .collect())
+}
+
+/// Unpins every map of `object` pinned under `bpf_root` whose layout is not the one this
+/// build gives it, so that opening the object creates it anew; nothing is checked unless
+/// one of `own_maps` (the maps this object is the first to open) is pinned. Programs still linked keep
+/// the old map (they hold a reference) until their links move to the new programs.
+/// Returns the names of the maps unpinned.
+pub(crate) fn unpin_changed_maps(
+    bpf_root: &Path,
+    object: &[u8],
+    name: &'static str,
+    sizes: MapSizes,
+    own_maps: &[&str],
+) -> Result<Vec<String>, BpfError> {
+    let mut unpinned = Vec::new();
+    // A fresh root (the cold start of a node) has none of them: the object is not parsed.
+    if !own_maps.iter().any(|map| bpf_root.join(map).exists()) {
+        return Ok(unpinned);
+    }
+    for (map, wanted) in expected_layouts(object, name, sizes)? {
+        let pin = bpf_root.join(&map);
+        let Ok(info) = MapInfo::from_pin(&pin) else { continue };
+        if Layout::of(&info) == wanted {
+            continue;
+        }
+        std::fs::remove_file(&pin).map_err(|source| BpfError::Io {
+            what: format!("unpinning {} (its layout changed: {:?}, now {wanted:?})", pin.display(), Layout::of(&info)),
+            source,
+        })?;
+        unpinned.push(map);
+    }
+    Ok(unpinned)
+}
+
+/// Moves the link pinned at `pin` onto `program` (`BPF_LINK_UPDATE`: atomic, the hook never
+/// runs without a program).
+pub(crate) fn update_pinned_link(pin: &Path, program: BorrowedFd<'_>, name: &'static str) -> Result<(), BpfError> {
+    let link = crate::sys::obj_get(pin).map_err(|source| BpfError::Link {
+        program: name,
+        what: "opening its pinned link",
+        source: Box::new(source),
+    })?;
+    crate::sys::link_update(link.as_fd(), program).map_err(|source| BpfError::Link {
+        program: name,
+        what: "moving its pinned link onto the new program (BPF_LINK_UPDATE)",
+        source: Box::new(source),
+    })
+}
+
+/// The program a pinned link runs now: its id and tag, and the ids of the maps it uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkedProgram {
+    pub id: u32,
+    pub tag: u64,
+    pub map_ids: Vec<u32>,
+}
+
+/// What the link pinned at `pin` runs now.
+pub fn linked_program(pin: &Path) -> Result<LinkedProgram, BpfError> {
+    let failed = |what: &'static str, source: Box<dyn std::error::Error + Send + Sync>| BpfError::Link {
+        program: "pinned link",
+        what,
+        source,
+    };
+    let link: aya::programs::links::FdLink = aya::programs::links::PinnedLink::from_pin(pin)
+        .map_err(|source| failed("opening its pin", Box::new(source)))?
+        .into();
+    let id = link.info().map_err(|source| failed("reading its info", Box::new(source)))?.program_id();
+    let program = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .find(|program| program.id() == id)
+        .ok_or_else(|| failed("finding its program", format!("no program {id} is loaded").into()))?;
+    let map_ids =
+        program.map_ids().map_err(|source| failed("reading its program's maps", Box::new(source)))?.unwrap_or_default();
+    Ok(LinkedProgram { id, tag: program.tag(), map_ids })
+}
+
+/// The id of the map pinned at `pin`.
+pub fn pinned_map_id(pin: &Path) -> Result<u32, BpfError> {
+    MapInfo::from_pin(pin).map(|info| info.id()).map_err(|source| BpfError::Map {
+        map: "pinned map",
+        what: format!("reading the info of {}", pin.display()),
+        source: Box::new(source),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_identity_changes_with_the_map_sizes() {
+        let sizes = MapSizes::default();
+        assert_eq!(identity(sizes), identity(sizes));
+        assert_ne!(identity(sizes), identity(MapSizes { services: sizes.services / 2, ..sizes }));
+    }
+
+    #[test]
+    fn every_pinned_map_of_both_objects_has_an_expected_layout_with_the_sizes_applied() {
+        let sizes = MapSizes { services: 1000, backends: 2000, affinity: 300, reverse: 4000 };
+        let sock = expected_layouts(SOCK_LB_OBJECT, "sock_lb.o", sizes).expect("parsing sock_lb.o");
+        let tc = expected_layouts(TC_NAT_OBJECT, "tc_nat.o", sizes).expect("parsing tc_nat.o");
+        let find = |maps: &[(String, Layout)], name: &str| {
+            maps.iter().find(|(map, _)| map == name).map(|(_, layout)| *layout).unwrap_or_else(|| panic!("{name}"))
+        };
+        assert_eq!(find(&sock, crate::maps::SERVICES_MAP).max_entries, 1000);
+        assert_eq!(find(&sock, crate::maps::UDP_FLOWS_MAP).max_entries, 4000);
+        assert_eq!(find(&tc, crate::tc::CT_MAP).max_entries, 4000);
+        assert_eq!(find(&tc, crate::maps::SERVICES_MAP), find(&sock, crate::maps::SERVICES_MAP), "one layout, shared");
+        for map in crate::maps::SOCK_LB_MAPS {
+            assert!(sock.iter().any(|(name, _)| name == map), "{map} is pinned by name");
+        }
+    }
+}
