@@ -13,7 +13,13 @@ use crate::BpfError;
 use aya::maps::Map;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-/// The map names, as pinned under the bpf root.
+/// The map names, as pinned under the bpf root. First those only the tc program has.
+pub const TC_CONFIG_MAP: &str = "svcplane_tc_config";
+pub const CLUSTER_CIDRS_MAP: &str = "svcplane_cluster_cidrs";
+pub const SOURCE_RANGES_MAP: &str = "svcplane_source_ranges";
+pub const CT_MAP: &str = "svcplane_ct";
+pub const MAGLEV_MAP: &str = "svcplane_maglev";
+/// The maps of the socket programs (the tc program shares some of them).
 pub const SERVICES_MAP: &str = "svcplane_services";
 pub const BACKENDS_MAP: &str = "svcplane_backends";
 /// Socket-local storage (`BPF_MAP_TYPE_SK_STORAGE`): nothing preallocated, no size.

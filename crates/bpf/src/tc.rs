@@ -16,11 +16,7 @@ use ipnet::IpNet;
 use crate::maps::{AFFINITY_MAP, BACKENDS_MAP, SERVICES_MAP, ServiceKey, address_bytes, typed};
 use crate::{BpfError, MapSizes, TC_NAT_OBJECT};
 
-pub const TC_CONFIG_MAP: &str = "svcplane_tc_config";
-pub const CLUSTER_CIDRS_MAP: &str = "svcplane_cluster_cidrs";
-pub const SOURCE_RANGES_MAP: &str = "svcplane_source_ranges";
-pub const CT_MAP: &str = "svcplane_ct";
-pub const MAGLEV_MAP: &str = "svcplane_maglev";
+pub use crate::maps::{CLUSTER_CIDRS_MAP, CT_MAP, MAGLEV_MAP, SOURCE_RANGES_MAP, TC_CONFIG_MAP};
 /// Every map only the tc program has.
 pub const TC_MAPS: [&str; 5] = [TC_CONFIG_MAP, CLUSTER_CIDRS_MAP, SOURCE_RANGES_MAP, CT_MAP, MAGLEV_MAP];
 const PROGRAM: &str = "svcplane_tc_ingress";

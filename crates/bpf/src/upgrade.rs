@@ -121,7 +121,7 @@ fn sized(name: &str, sizes: MapSizes) -> Option<u32> {
         SERVICES_MAP => Some(sizes.services),
         BACKENDS_MAP | LIVE_MAP | COUNTERS_MAP => Some(sizes.backends),
         AFFINITY_MAP => Some(sizes.affinity),
-        UDP_FLOWS_MAP | crate::tc::CT_MAP => Some(sizes.reverse),
+        UDP_FLOWS_MAP | crate::maps::CT_MAP => Some(sizes.reverse),
         _ => None,
     }
 }
@@ -254,7 +254,7 @@ mod tests {
         };
         assert_eq!(find(&sock, crate::maps::SERVICES_MAP).max_entries, 1000);
         assert_eq!(find(&sock, crate::maps::UDP_FLOWS_MAP).max_entries, 4000);
-        assert_eq!(find(&tc, crate::tc::CT_MAP).max_entries, 4000);
+        assert_eq!(find(&tc, crate::maps::CT_MAP).max_entries, 4000);
         assert_eq!(find(&tc, crate::maps::SERVICES_MAP), find(&sock, crate::maps::SERVICES_MAP), "one layout, shared");
         for map in crate::maps::SOCK_LB_MAPS {
             assert!(sock.iter().any(|(name, _)| name == map), "{map} is pinned by name");
