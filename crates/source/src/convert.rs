@@ -553,7 +553,8 @@ pub fn slice_to_core(slice: &EndpointSlice) -> Result<Option<model::EndpointSlic
         });
     }
 
-    let mut ports = Vec::new();
+    // Sized for every port: most slices have one, and a pushed-to empty vector holds four.
+    let mut ports = Vec::with_capacity(slice.ports.as_ref().map_or(0, Vec::len));
     for (i, port) in slice.ports.iter().flatten().enumerate() {
         // A port without a number cannot be used (Kubernetes means "all ports"; the proxy
         // has nothing to forward to).
