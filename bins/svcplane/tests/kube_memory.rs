@@ -14,6 +14,9 @@
 //! - *RSS*: `VmRSS` a few seconds after that (what the proxy keeps), and *peak RSS*:
 //!   `VmHWM` (the most it ever held, the cold sync included).
 //!
+//! Upstream kube-proxy (`--proxy-mode=nftables`, the cached v1.36 binary) is measured the
+//! same way in every round, after the binaries under test: the baseline of the same run.
+//!
 //! Then, on the same API server, the first binary's `svcplane dns --kubeconfig` (cold start
 //! until it answers the marker's name, RSS 3 s later) and `svcplane controller --kubeconfig`
 //! (RSS after 20 s; the input has no selectors, so it only watches).
@@ -35,6 +38,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
+use kube_support::bench::upstream_kube_proxy_args;
 use kube_support::{CLUSTER_CIDRS, KubeLab, cluster_ip_v4, echo_service, echo_slice};
 use svcplane_control_plane::{UpstreamBinaries, binaries_for_test};
 use svcplane_testbed::Lab;
@@ -132,17 +136,57 @@ fn proxy_args(kube: &KubeLab) -> Vec<String> {
     args
 }
 
-/// Starts `binary` cold on node1 and measures it; stops it and removes its rules after.
-fn measure(kube: &KubeLab, label: &str, binary: &str, target: SocketAddr, limit: Duration) -> Measured {
+/// A proxy under test: how it is started on node1 and how its rules are removed.
+struct Proxy {
+    label: String,
+    binary: String,
+    args: Vec<String>,
+    cleanup: Vec<String>,
+}
+
+impl Proxy {
+    /// `svcplane proxy` (nftables mode over netlink) from `binary`.
+    fn svcplane(kube: &KubeLab, label: &str, binary: &str) -> Self {
+        Self {
+            label: label.to_owned(),
+            binary: binary.to_owned(),
+            args: proxy_args(kube),
+            cleanup: vec![binary.to_owned(), "cleanup".to_owned()],
+        }
+    }
+
+    /// Upstream kube-proxy in nftables mode, the baseline of the same run.
+    fn upstream(kube: &KubeLab, upstream: &UpstreamBinaries) -> Option<Self> {
+        let binary = upstream.require("kube-proxy").ok()?.display().to_string();
+        Some(Self {
+            label: "upstream kube-proxy (nftables)".to_owned(),
+            args: upstream_kube_proxy_args(kube, kube.lab.node(1).name(), "nftables"),
+            cleanup: vec![binary.clone(), "--cleanup".to_owned()],
+            binary,
+        })
+    }
+}
+
+/// Starts `proxy` cold on node1 and measures it; stops it and removes its rules after.
+fn measure(kube: &KubeLab, proxy: &Proxy, target: SocketAddr, limit: Duration) -> Measured {
+    let Proxy { label, binary, args, cleanup } = proxy;
     let namespace = kube.lab.node(1).namespace_name().to_owned();
-    let _ = kube.lab.exec(&namespace, &[binary, "cleanup"]);
-    assert!(
-        kube.lab.tcp_request(&namespace, target, Duration::from_millis(300)).is_err(),
-        "rules left before starting {label}"
-    );
-    let what = format!("proxy-{label}");
+    let cleanup: Vec<&str> = cleanup.iter().map(String::as_str).collect();
+    // kube-proxy's cleanup also looks for iptables and IPVS rules and may complain; and
+    // `svcplane cleanup` undoes every mode, which on a loaded machine can outlast the
+    // lab's command timeout: tried again while the marker still answers.
+    let mut attempts = 0;
+    loop {
+        let _ = kube.lab.exec(&namespace, &cleanup);
+        attempts += 1;
+        if kube.lab.tcp_request(&namespace, target, Duration::from_millis(300)).is_err() {
+            break;
+        }
+        assert!(attempts < 3, "rules left before starting {label} after {attempts} cleanups");
+    }
+    let what = format!("proxy-{}", label.replace(|c: char| !c.is_ascii_alphanumeric(), "-"));
     let started = Instant::now();
-    let (pid, log) = kube.plane.spawn(&what, &namespace, binary, &proxy_args(kube)).expect("a proxy");
+    let (pid, log) = kube.plane.spawn(&what, &namespace, binary, args).expect("a proxy");
     let mut cold_start = None;
     while started.elapsed() < limit {
         if let Ok(reply) = kube.lab.tcp_request(&namespace, target, PROBE_TIMEOUT)
@@ -155,7 +199,7 @@ fn measure(kube: &KubeLab, label: &str, binary: &str, target: SocketAddr, limit:
     }
     std::thread::sleep(SETTLE);
     let measured = Measured {
-        label: label.to_owned(),
+        label: label.clone(),
         cold_start,
         rss_kib: status_kib(pid, "VmRSS:"),
         peak_kib: status_kib(pid, "VmHWM:"),
@@ -164,7 +208,7 @@ fn measure(kube: &KubeLab, label: &str, binary: &str, target: SocketAddr, limit:
         panic!("{label} stopped: {error}\n{}", kube_support::log_tail(&log));
     }
     kube.plane.stop(&what);
-    let _ = kube.lab.exec(&namespace, &[binary, "cleanup"]);
+    let _ = kube.lab.exec(&namespace, &cleanup);
     measured
 }
 
@@ -264,9 +308,12 @@ fn run_size(upstream: &UpstreamBinaries, size: Size, rounds: usize, limit: Durat
         }
     }
     let mut all = Vec::new();
+    let mut proxies: Vec<Proxy> =
+        binaries().iter().map(|(label, binary)| Proxy::svcplane(&kube, label, binary)).collect();
+    proxies.extend(Proxy::upstream(&kube, upstream));
     for _ in 0..rounds {
-        for (label, binary) in binaries() {
-            let measured = measure(&kube, &label, &binary, target, limit);
+        for proxy in &proxies {
+            let measured = measure(&kube, proxy, target, limit);
             eprintln!("{} x {}: {measured:?}", size.services, size.endpoints);
             all.push(measured);
         }

@@ -4,7 +4,7 @@
 //! written (the kernel is never read back on the sync path).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
@@ -49,7 +49,7 @@ pub struct NftablesBackend<N> {
     /// The digest each table holds (see [`crate::digest`]), as of the last sync.
     table_digests: HashMap<TableKey, TableDigest>,
     /// How many service ports of each table use an endpoint address for hairpin.
-    hairpin_refs: HashMap<(TableKey, IpAddr), usize>,
+    hairpin_refs: HairpinRefs,
     /// How many tables each family's service ports are spread over (see
     /// [`crate::render::tables_for`]); decided by each full sync, raised when the plan outgrows it.
     tables: usize,
@@ -107,6 +107,56 @@ impl Written {
 
 /// One table: a family and an index among its tables.
 type TableKey = (IpFamily, usize);
+
+/// How many service ports of each table use an endpoint address for hairpin: one entry
+/// per endpoint address, so at 10k Services x 10 endpoints 100k of them, kept small. The
+/// family is the address's own, so each family has a map keyed by the table's index and
+/// the address alone (12 bytes an IPv4 entry; `(TableKey, IpAddr)` keys with `usize`
+/// counts took 48).
+#[derive(Debug, Default)]
+struct HairpinRefs {
+    v4: HashMap<(u32, Ipv4Addr), u32>,
+    v6: HashMap<(u32, Ipv6Addr), u32>,
+}
+
+impl HairpinRefs {
+    fn index(table: TableKey) -> u32 {
+        u32::try_from(table.1).expect("a table index is below MAX_TABLES")
+    }
+
+    fn get(&self, table: TableKey, address: IpAddr) -> usize {
+        let count = match address {
+            IpAddr::V4(address) => self.v4.get(&(Self::index(table), address)),
+            IpAddr::V6(address) => self.v6.get(&(Self::index(table), address)),
+        };
+        count.map_or(0, |&count| count as usize)
+    }
+
+    fn add_one(&mut self, table: TableKey, address: IpAddr) {
+        let count = match address {
+            IpAddr::V4(address) => self.v4.entry((Self::index(table), address)).or_insert(0),
+            IpAddr::V6(address) => self.v6.entry((Self::index(table), address)).or_insert(0),
+        };
+        *count += 1;
+    }
+
+    /// Sets the count; 0 forgets the address.
+    fn set(&mut self, table: TableKey, address: IpAddr, count: usize) {
+        let index = Self::index(table);
+        let count = u32::try_from(count).expect("fewer than 2^32 service ports per address");
+        match (address, count) {
+            (IpAddr::V4(address), 0) => drop(self.v4.remove(&(index, address))),
+            (IpAddr::V6(address), 0) => drop(self.v6.remove(&(index, address))),
+            (IpAddr::V4(address), _) => drop(self.v4.insert((index, address), count)),
+            (IpAddr::V6(address), _) => drop(self.v6.insert((index, address), count)),
+        }
+    }
+
+    fn clear(&mut self) {
+        // Replaced, not cleared: a cleared map keeps its capacity.
+        *self = Self::default();
+    }
+}
 
 /// How often [`NftablesBackend::find_drift`] asks the kernel: the loop may call it every
 /// tick, a deleted or flushed table is found within this (plus a sync).
@@ -333,7 +383,7 @@ impl<N: Nftables> NftablesBackend<N> {
             families,
             written: HashMap::new(),
             table_digests: HashMap::new(),
-            hairpin_refs: HashMap::new(),
+            hairpin_refs: HairpinRefs::default(),
             tables: 0,
             fixed_tables: None,
             written_node_port_cidrs: None,
@@ -546,7 +596,7 @@ impl<N: Nftables> NftablesBackend<N> {
             let objects = Written::of(&render_port_counting(port_plan, self.counting));
             let table = (key.family, table_index(&key.name, tables));
             for address in &objects.endpoint_addresses {
-                *self.hairpin_refs.entry((table, *address)).or_insert(0) += 1;
+                self.hairpin_refs.add_one(table, *address);
             }
             if let Some(digest) = self.table_digests.get_mut(&table) {
                 *digest = digest.with(objects.digest);
@@ -604,7 +654,7 @@ impl<N: Nftables> NftablesBackend<N> {
                 if delta == 0 {
                     continue;
                 }
-                let before = self.hairpin_refs.get(&(table, address)).copied().unwrap_or(0);
+                let before = self.hairpin_refs.get(table, address);
                 let after = before.checked_add_signed(delta).expect("hairpin references never go negative");
                 if before == 0 && after > 0 {
                     phases.add_elements.push(Operation::AddElement(hairpin_element(address)));
@@ -645,11 +695,7 @@ impl<N: Nftables> NftablesBackend<N> {
                 };
             }
             for (address, count) in new_refs {
-                if count == 0 {
-                    self.hairpin_refs.remove(&(table, address));
-                } else {
-                    self.hairpin_refs.insert((table, address), count);
-                }
+                self.hairpin_refs.set(table, address, count);
             }
         }
         Ok(report)

@@ -68,40 +68,55 @@ fn main() {
         size_of::<Service>(),
         size_of::<svcplane_core::plan::ServicePortPlan>()
     );
+    let batch = || {
+        let mut changes = Vec::with_capacity(services * 2);
+        for s in 0..services {
+            let name = NamespacedName::new("bench", format!("svc-{s}"));
+            let ip = IpAddr::V4(Ipv4Addr::new(198, 19, (s / 250) as u8, (s % 250) as u8 + 1));
+            changes.push(Change::ServiceUpserted(Service::cluster_ip(
+                name.clone(),
+                vec![ip],
+                vec![ServicePort { name: "http".into(), protocol: Protocol::Tcp, port: 80, node_port: None }],
+            )));
+            let slice = EndpointSlice {
+                last_change_trigger: None,
+                name: NamespacedName::new("bench", format!("svc-{s}-slice")),
+                service: name,
+                family: IpFamily::V4,
+                ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
+                endpoints: (0..endpoints)
+                    .map(|e| {
+                        let n = s * endpoints + e;
+                        let address = IpAddr::V4(Ipv4Addr::new(198, 18, 128 + (n >> 16) as u8, (n >> 8) as u8));
+                        let address = match address {
+                            IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) | (n as u32 & 0xff))),
+                            other => other,
+                        };
+                        Endpoint::ready(address, Some("node2"))
+                    })
+                    .collect(),
+            };
+            changes.push(Change::SliceUpserted(slice));
+        }
+        changes
+    };
+    // One change at a time (how later changes arrive), then the whole batch at once (how
+    // the sync loop takes a feed's first batch: loaded in bulk).
+    let start = live();
+    let mut one_by_one = ClusterState::new();
+    for change in batch() {
+        one_by_one.apply(change);
+    }
+    drop(one_by_one.take_changes());
+    report("cluster state, one change at a time", start, live(), services, endpoints);
+    drop(one_by_one);
     let start = live();
     let mut state = ClusterState::new();
-    for s in 0..services {
-        let name = NamespacedName::new("bench", format!("svc-{s}"));
-        let ip = IpAddr::V4(Ipv4Addr::new(198, 19, (s / 250) as u8, (s % 250) as u8 + 1));
-        state.apply(Change::ServiceUpserted(Service::cluster_ip(
-            name.clone(),
-            vec![ip],
-            vec![ServicePort { name: "http".into(), protocol: Protocol::Tcp, port: 80, node_port: None }],
-        )));
-        let slice = EndpointSlice {
-            last_change_trigger: None,
-            name: NamespacedName::new("bench", format!("svc-{s}-slice")),
-            service: name,
-            family: IpFamily::V4,
-            ports: vec![EndpointPort { name: "http".into(), protocol: Protocol::Tcp, port: 8080 }],
-            endpoints: (0..endpoints)
-                .map(|e| {
-                    let n = s * endpoints + e;
-                    let address = IpAddr::V4(Ipv4Addr::new(198, 18, 128 + (n >> 16) as u8, (n >> 8) as u8));
-                    let address = match address {
-                        IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) | (n as u32 & 0xff))),
-                        other => other,
-                    };
-                    Endpoint::ready(address, Some("node2"))
-                })
-                .collect(),
-        };
-        state.apply(Change::SliceUpserted(slice));
-    }
+    state.apply_all(batch());
     let changes = state.take_changes();
     drop(changes);
     let after_state = live();
-    report("cluster state", start, after_state, services, endpoints);
+    report("cluster state, loaded in bulk", start, after_state, services, endpoints);
     let config = NodeConfig {
         node_name: "node1".into(),
         node_ips: vec!["198.18.0.11".parse().unwrap()],

@@ -59,7 +59,8 @@ pub struct DnsEndpoint {
     /// `conditions.ready` (absent counts as ready).
     pub ready: bool,
     /// Kept for the day answers prefer nearby endpoints; not used for answers today.
-    pub node_name: Option<String>,
+    /// Shared between endpoints ([`crate::model::intern`]).
+    pub node_name: Option<crate::model::Name>,
 }
 
 /// Endpoints sharing one port list: what one EndpointSlice holds.

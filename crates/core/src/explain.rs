@@ -267,11 +267,12 @@ fn through(facts: &Facts<'_>, port_plan: &ServicePortPlan, frontend: &Frontend, 
         .iter()
         .map(|address| {
             let fact = known.iter().find(|e| e.address == *address).map(|e| &e.endpoint);
-            let node = fact.and_then(|e| e.node_name.clone());
+            let node = fact.and_then(|e| e.node_name.as_deref().map(str::to_owned));
             EligibleEndpoint {
                 address: *address,
                 probability: 1.0 / set.len() as f64,
-                local: port_plan.local_endpoints.contains(address) || node.as_ref() == Some(&plan.config.node_name),
+                local: port_plan.local_endpoints.contains(address)
+                    || node.as_deref() == Some(plan.config.node_name.as_str()),
                 node,
                 ready: fact.is_none_or(|e| e.ready),
                 terminating: fact.is_some_and(|e| e.terminating),

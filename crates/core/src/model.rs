@@ -1,8 +1,10 @@
 //! The Service model the core decides on: Kubernetes nouns with typed fields, already
 //! validated by the source that produced them.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -157,19 +159,70 @@ pub struct EndpointPort {
     pub port: u16,
 }
 
+/// A node, zone or hint name shared by every endpoint that carries it: [`intern`] hands
+/// out one allocation per distinct name, so 100k endpoints on a handful of nodes hold a
+/// handful of strings, not 100k.
+pub type Name = Arc<str>;
+
+/// The names handed out by [`intern`]; pruned of names nobody holds any more whenever it
+/// has doubled since the last pruning, so it stays proportional to the names in use.
+struct Interned {
+    names: HashSet<Name>,
+    prune_at: usize,
+}
+
+static INTERNED: LazyLock<Mutex<Interned>> =
+    LazyLock::new(|| Mutex::new(Interned { names: HashSet::new(), prune_at: 64 }));
+
+/// The shared [`Name`] for `text`: the same allocation for the same text, from any thread.
+pub fn intern(text: &str) -> Name {
+    // A poisoned lock only means another thread panicked while holding it; the set is
+    // still a valid set of names.
+    let mut interned = INTERNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(name) = interned.names.get(text) {
+        return Arc::clone(name);
+    }
+    if interned.names.len() >= interned.prune_at {
+        interned.names.retain(|name| Arc::strong_count(name) > 1);
+        interned.prune_at = (interned.names.len() * 2).max(64);
+    }
+    let name: Name = Arc::from(text);
+    interned.names.insert(Arc::clone(&name));
+    name
+}
+
 /// One endpoint of an EndpointSlice (its first address only, as kube-proxy does).
+///
+/// Kept small, since a cluster has many (64 bytes, no allocation of its own in the common
+/// case): names are shared ([`intern`]) and topology hints, which most endpoints lack,
+/// are boxed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     pub address: IpAddr,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
+    pub node_name: Option<Name>,
+    pub zone: Option<Name>,
+    /// `hints`; `None` when it names no zone and no node (see [`EndpointHints::boxed`]).
+    pub hints: Option<Box<EndpointHints>>,
+}
+
+/// An endpoint's topology hints.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointHints {
     /// `hints.forZones[].name`.
-    pub zone_hints: Vec<String>,
+    pub zones: Vec<Name>,
     /// `hints.forNodes[].name`.
-    pub node_hints: Vec<String>,
+    pub nodes: Vec<Name>,
+}
+
+impl EndpointHints {
+    /// The hints as an endpoint holds them: `None` when there are none, so that an
+    /// endpoint without hints compares equal however it was built.
+    pub fn boxed(zones: Vec<Name>, nodes: Vec<Name>) -> Option<Box<Self>> {
+        (!zones.is_empty() || !nodes.is_empty()).then(|| Box::new(Self { zones, nodes }))
+    }
 }
 
 impl Endpoint {
@@ -180,11 +233,26 @@ impl Endpoint {
             ready: true,
             serving: true,
             terminating: false,
-            node_name: node_name.map(str::to_owned),
+            node_name: node_name.map(intern),
             zone: None,
-            zone_hints: Vec::new(),
-            node_hints: Vec::new(),
+            hints: None,
         }
+    }
+
+    /// `hints.forZones[].name` (empty without hints).
+    pub fn zone_hints(&self) -> &[Name] {
+        self.hints.as_ref().map_or(&[], |hints| &hints.zones)
+    }
+
+    /// `hints.forNodes[].name` (empty without hints).
+    pub fn node_hints(&self) -> &[Name] {
+        self.hints.as_ref().map_or(&[], |hints| &hints.nodes)
+    }
+
+    /// Sets the hints (`None` when both are empty).
+    pub fn set_hints(&mut self, zones: &[&str], nodes: &[&str]) {
+        self.hints =
+            EndpointHints::boxed(zones.iter().map(|z| intern(z)).collect(), nodes.iter().map(|n| intern(n)).collect());
     }
 }
 
@@ -213,4 +281,42 @@ pub struct Node {
     /// Being deleted (`deletionTimestamp`) or tainted `ToBeDeletedByClusterAutoscaler`:
     /// load balancers should stop sending new traffic here (`/healthz` turns 503).
     pub leaving: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_name_is_one_allocation_however_often_it_is_interned() {
+        let first = intern("interning-test-node-a");
+        let again = intern(&String::from("interning-test-node-a"));
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_ne!(intern("interning-test-node-b"), first);
+    }
+
+    #[test]
+    fn names_nobody_holds_are_dropped_from_the_interner_as_it_grows() {
+        let held = intern("interning-test-held");
+        for n in 0..1000 {
+            intern(&format!("interning-test-dropped-{n}"));
+        }
+        let interned = INTERNED.lock().unwrap();
+        assert!(interned.names.len() < 500, "{} names kept", interned.names.len());
+        assert!(interned.names.contains("interning-test-held"));
+        drop(interned);
+        drop(held);
+    }
+
+    #[test]
+    fn an_endpoint_is_64_bytes_and_hints_set_empty_are_no_hints() {
+        assert_eq!(size_of::<Endpoint>(), 64);
+        let plain = Endpoint::ready("198.18.129.2".parse().unwrap(), Some("node1"));
+        let mut emptied = plain.clone();
+        emptied.set_hints(&[], &[]);
+        assert_eq!(emptied, plain);
+        emptied.set_hints(&["zone-a"], &[]);
+        assert_eq!(emptied.zone_hints(), [intern("zone-a")]);
+        assert!(emptied.node_hints().is_empty());
+    }
 }

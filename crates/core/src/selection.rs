@@ -50,24 +50,30 @@ enum TopologyMode {
 /// otherwise hints are ignored, so a half-hinted slice never strands traffic.
 fn topology_mode(endpoints: &[ServiceEndpoint], node: &Node) -> TopologyMode {
     let ready = || endpoints.iter().filter(|e| e.endpoint.ready);
-    if ready().all(|e| !e.endpoint.node_hints.is_empty()) && ready().any(|e| e.endpoint.node_hints.contains(&node.name))
+    if ready().all(|e| !e.endpoint.node_hints().is_empty())
+        && ready().any(|e| names(e.endpoint.node_hints(), &node.name))
     {
         return TopologyMode::SameNode;
     }
     let Some(zone) = node.zone.as_ref() else {
         return TopologyMode::None;
     };
-    if ready().all(|e| !e.endpoint.zone_hints.is_empty()) && ready().any(|e| e.endpoint.zone_hints.contains(zone)) {
+    if ready().all(|e| !e.endpoint.zone_hints().is_empty()) && ready().any(|e| names(e.endpoint.zone_hints(), zone)) {
         return TopologyMode::SameZone;
     }
     TopologyMode::None
 }
 
+/// Whether `hints` names `name`.
+fn names(hints: &[crate::model::Name], name: &str) -> bool {
+    hints.iter().any(|hint| **hint == *name)
+}
+
 fn is_available_for_topology(endpoint: &ServiceEndpoint, mode: TopologyMode, node: &Node) -> bool {
     match mode {
         TopologyMode::None => true,
-        TopologyMode::SameNode => endpoint.endpoint.node_hints.contains(&node.name),
-        TopologyMode::SameZone => node.zone.as_ref().is_some_and(|zone| endpoint.endpoint.zone_hints.contains(zone)),
+        TopologyMode::SameNode => names(endpoint.endpoint.node_hints(), &node.name),
+        TopologyMode::SameZone => node.zone.as_ref().is_some_and(|zone| names(endpoint.endpoint.zone_hints(), zone)),
     }
 }
 
@@ -197,16 +203,16 @@ mod tests {
     #[test]
     fn zone_hints_restrict_cluster_endpoints_to_this_zone() {
         let mut a = endpoint("198.18.129.2", "node1");
-        a.endpoint.zone_hints = vec!["zone-a".into()];
+        a.endpoint.set_hints(&["zone-a"], &[]);
         let mut b = endpoint("198.18.130.2", "node2");
-        b.endpoint.zone_hints = vec!["zone-b".into()];
+        b.endpoint.set_hints(&["zone-b"], &[]);
         assert_eq!(addrs(&select_endpoints(&service(), &[a, b], &node()).cluster), ["198.18.129.2"]);
     }
 
     #[test]
     fn zone_hints_are_ignored_unless_every_ready_endpoint_has_one() {
         let mut a = endpoint("198.18.129.2", "node1");
-        a.endpoint.zone_hints = vec!["zone-a".into()];
+        a.endpoint.set_hints(&["zone-a"], &[]);
         let b = endpoint("198.18.130.2", "node2");
         assert_eq!(select_endpoints(&service(), &[a, b], &node()).cluster.len(), 2);
     }
@@ -214,18 +220,16 @@ mod tests {
     #[test]
     fn zone_hints_are_ignored_when_none_names_this_zone() {
         let mut a = endpoint("198.18.129.2", "node1");
-        a.endpoint.zone_hints = vec!["zone-c".into()];
+        a.endpoint.set_hints(&["zone-c"], &[]);
         assert_eq!(select_endpoints(&service(), &[a], &node()).cluster.len(), 1);
     }
 
     #[test]
     fn node_hints_take_precedence_over_zone_hints() {
         let mut a = endpoint("198.18.129.2", "node1");
-        a.endpoint.node_hints = vec!["node1".into()];
-        a.endpoint.zone_hints = vec!["zone-a".into()];
+        a.endpoint.set_hints(&["zone-a"], &["node1"]);
         let mut b = endpoint("198.18.129.3", "node3");
-        b.endpoint.node_hints = vec!["node3".into()];
-        b.endpoint.zone_hints = vec!["zone-a".into()];
+        b.endpoint.set_hints(&["zone-a"], &["node3"]);
         assert_eq!(addrs(&select_endpoints(&service(), &[a, b], &node()).cluster), ["198.18.129.2"]);
     }
 }

@@ -3,6 +3,7 @@
 //! into discovery views (for cluster DNS). The binary never converts objects itself.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
@@ -59,9 +60,29 @@ impl Kind {
 /// are reported once, not on every update.
 #[derive(Debug, Default)]
 pub struct ApiConversion {
-    services: HashSet<NamespacedName>,
-    slices: HashSet<NamespacedName>,
+    /// The Services and slices in the model, by [`NameDigest`] (a name is already held by
+    /// the watch and by the model; a third copy of 20k names at 10k Services was megabytes).
+    services: HashSet<NameDigest>,
+    slices: HashSet<NameDigest>,
     reported: HashMap<String, Vec<String>>,
+}
+
+/// A 128-bit digest of a namespaced name (two SipHash digests with fixed keys and
+/// different prefixes): two names sharing one is as unlikely as a collision of a 128-bit
+/// hash, which this set of at most a few hundred thousand names never meets in practice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct NameDigest(u64, u64);
+
+impl NameDigest {
+    fn of(name: &NamespacedName) -> Self {
+        let digest = |prefix: u8| {
+            let mut hasher = DefaultHasher::new();
+            prefix.hash(&mut hasher);
+            name.hash(&mut hasher);
+            hasher.finish()
+        };
+        Self(digest(0), digest(1))
+    }
 }
 
 impl ApiConversion {
@@ -104,12 +125,12 @@ impl ApiConversion {
         };
         match converted {
             Some(Ok(Some(object))) => {
-                known.insert(name);
+                known.insert(NameDigest::of(&name));
                 self.clear(&label);
                 Some(upserted(object))
             }
             other => {
-                let was_known = known.remove(&name);
+                let was_known = known.remove(&NameDigest::of(&name));
                 match other {
                     Some(Err(errors)) => self.report(label, &errors),
                     _ => self.clear(&label),

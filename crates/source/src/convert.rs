@@ -534,24 +534,27 @@ pub fn slice_to_core(slice: &EndpointSlice) -> Result<Option<model::EndpointSlic
             ready,
             serving: conditions.and_then(|c| c.serving).unwrap_or(ready),
             terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
-            node_name: endpoint.node_name.clone().filter(|n| !n.is_empty()),
-            zone: endpoint.zone.clone().filter(|z| !z.is_empty()),
-            zone_hints: hints
-                .and_then(|h| h.for_zones.as_ref())
-                .into_iter()
-                .flatten()
-                .map(|z| z.name.clone())
-                .collect(),
-            node_hints: hints
-                .and_then(|h| h.for_nodes.as_ref())
-                .into_iter()
-                .flatten()
-                .map(|n| n.name.clone())
-                .collect(),
+            node_name: endpoint.node_name.as_deref().filter(|n| !n.is_empty()).map(model::intern),
+            zone: endpoint.zone.as_deref().filter(|z| !z.is_empty()).map(model::intern),
+            hints: model::EndpointHints::boxed(
+                hints
+                    .and_then(|h| h.for_zones.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .map(|z| model::intern(&z.name))
+                    .collect(),
+                hints
+                    .and_then(|h| h.for_nodes.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .map(|n| model::intern(&n.name))
+                    .collect(),
+            ),
         });
     }
 
-    let mut ports = Vec::new();
+    // Sized for every port: most slices have one, and a pushed-to empty vector holds four.
+    let mut ports = Vec::with_capacity(slice.ports.as_ref().map_or(0, Vec::len));
     for (i, port) in slice.ports.iter().flatten().enumerate() {
         // A port without a number cannot be used (Kubernetes means "all ports"; the proxy
         // has nothing to forward to).
@@ -901,10 +904,7 @@ mod tests {
         let e = &converted.endpoints;
         assert_eq!(e[0].address, "198.18.0.2".parse::<IpAddr>().unwrap());
         assert_eq!((e[0].ready, e[0].serving, e[0].terminating), (true, true, false));
-        assert_eq!(
-            (e[0].zone_hints.clone(), e[0].node_hints.clone()),
-            (vec!["a".to_owned()], vec!["node-1".to_owned()])
-        );
+        assert_eq!((e[0].zone_hints(), e[0].node_hints()), (&[model::intern("a")][..], &[model::intern("node-1")][..]));
         assert_eq!((e[1].ready, e[1].serving, e[1].terminating), (false, false, true));
         assert_eq!((e[2].ready, e[2].serving, e[2].terminating), (false, true, true));
         assert_eq!(

@@ -335,7 +335,7 @@ fn endpoint_set(slice: &EndpointSlice) -> (Option<EndpointSet>, Vec<FieldError>)
                 ip,
                 hostname: hostname.clone(),
                 ready,
-                node_name: endpoint.node_name.clone(),
+                node_name: endpoint.node_name.as_deref().map(svcplane_core::model::intern),
             });
         }
     }

@@ -115,9 +115,7 @@ impl SyncLoop {
         for hook in &mut self.hooks {
             hook.ingested(&changes);
         }
-        for change in changes {
-            self.state.apply(change);
-        }
+        self.state.apply_all(changes);
         self.has_state = true;
     }
 
