@@ -148,6 +148,11 @@ fn modes_table(size: usize, args: &Args, rows: &[Measured]) -> String {
             row.read_back
         );
     }
+    for row in rows.iter().filter(|row| !row.cold_phases.is_empty()) {
+        let phases: Vec<String> =
+            row.cold_phases.iter().map(|(phase, took)| format!("{phase} {}", show(*took))).collect();
+        let _ = writeln!(out, "\n{} mode's cold program by phase: {}.", row.mode.name(), phases.join(", "));
+    }
     let find = |mode: Mode| rows.iter().find(|row| row.mode == mode);
     if let Some(ipvs) = find(Mode::Ipvs) {
         out.push('\n');
@@ -212,6 +217,9 @@ fn run_modes(args: &Args, out: &mut String) -> anyhow::Result<()> {
                 show(measured.change_max),
                 measured.read_back
             );
+            for (phase, took) in &measured.cold_phases {
+                eprintln!("    cold sync phase {phase}: {}", show(*took));
+            }
             rows.push(measured);
         }
         let table = modes_table(size, args, &rows);
@@ -312,6 +320,11 @@ fn start_api_proxy(kube: &KubeLab, proxy: ApiProxy) -> anyhow::Result<(String, u
     }
     let mut args = upstream_kube_proxy_args(kube, node.name(), "ipvs");
     args.extend(proxy.extra.iter().map(|arg| (*arg).to_owned()));
+    // SVCPLANE_BENCH_KUBE_PROXY_V=4 (diagnosis only: logging that much slows it down).
+    if let Ok(level) = std::env::var("SVCPLANE_BENCH_KUBE_PROXY_V") {
+        args.retain(|arg| !arg.starts_with("--v="));
+        args.push(format!("--v={level}"));
+    }
     let what = format!("kube-proxy-{}", node.name());
     let (pid, log) = kube.plane.spawn(&what, node.namespace_name(), "kube-proxy", &args)?;
     Ok((what, pid, log))
@@ -383,8 +396,15 @@ fn run_api_size(binaries: &UpstreamBinaries, services: usize, args: &Args) -> an
         }
         if measured.cold.is_none() || measured.changes.iter().any(Option::is_none) {
             eprintln!("     timed out; the end of {what}'s log:\n{}", kube_support::log_tail(&log));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let about: Vec<&str> = text.lines().filter(|line| line.contains(MARKER)).collect();
+            eprintln!(
+                "     the last of {} lines of {what}'s log that name the marker:\n{}",
+                about.len(),
+                about[about.len().saturating_sub(60)..].join("\n")
+            );
         }
-        if measured.reached.contains(&false) {
+        if measured.reached.contains(&false) || measured.changes.iter().any(Option::is_none) {
             let table = kube
                 .lab
                 .exec(&namespace, &["cat", "/proc/net/ip_vs"])
@@ -394,7 +414,7 @@ fn run_api_size(binaries: &UpstreamBinaries, services: usize, args: &Args) -> an
                 IpAddr::V4(ip) => format!("{:08X}:0050", u32::from(ip)),
                 IpAddr::V6(_) => String::new(),
             };
-            let marker: Vec<&str> = table.lines().skip_while(|line| !line.contains(&hex)).take(4).collect();
+            let marker: Vec<&str> = table.lines().skip_while(|line| !line.contains(&hex)).take(8).collect();
             eprintln!("     the marker in /proc/net/ip_vs:\n{}", marker.join("\n"));
         }
         measured.peak_rss_kib = peak_rss_kib(pid);
