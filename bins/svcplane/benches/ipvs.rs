@@ -13,9 +13,11 @@
 //!    kube-proxy `--proxy-mode=ipvs` with its defaults, the same with
 //!    `--ipvs-min-sync-period=0s --iptables-min-sync-period=0s`, and `svcplane proxy --mode
 //!    ipvs`, one after the other, each on a node of its own with every object already in
-//!    the API: cold start (process started) until a marker Service created last answers
-//!    through the node, then `--api-changes` endpoint changes of the marker until the new
-//!    pod answers; and each process's peak RSS.
+//!    the API: cold start (process started) until a marker Service created last is in the
+//!    node's IPVS table, and until the proxy's first sync has ended (upstream writes its
+//!    IPVS table before its sets: its metrics say when the sync ended), then, only once it
+//!    has, `--api-changes` endpoint changes of the marker until the table has the new pod;
+//!    and each process's peak RSS.
 //!
 //! Under emulation absolute times mean little; the ratios within one run are the result.
 
