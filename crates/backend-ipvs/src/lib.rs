@@ -651,7 +651,7 @@ impl Dataplane for IpvsBackend {
             self.ipvs()?.set_timeouts(timeouts)?;
             self.timeouts_set = true;
         }
-        started = self.phase("node addresses (ip addr show)", started);
+        started = self.phase("node addresses (getifaddrs)", started);
         let addresses = plan_addresses(plan);
         let step = match &self.applied {
             // What changed, against what this process applied: no read of the kernel.
