@@ -13,9 +13,11 @@
 //!    kube-proxy `--proxy-mode=ipvs` with its defaults, the same with
 //!    `--ipvs-min-sync-period=0s --iptables-min-sync-period=0s`, and `svcplane proxy --mode
 //!    ipvs`, one after the other, each on a node of its own with every object already in
-//!    the API: cold start (process started) until a marker Service created last answers
-//!    through the node, then `--api-changes` endpoint changes of the marker until the new
-//!    pod answers; and each process's peak RSS.
+//!    the API: cold start (process started) until a marker Service created last is in the
+//!    node's IPVS table, and until the proxy's first sync has ended (upstream writes its
+//!    IPVS table before its sets: its metrics say when the sync ended), then, only once it
+//!    has, `--api-changes` endpoint changes of the marker until the table has the new pod;
+//!    and each process's peak RSS.
 //!
 //! Under emulation absolute times mean little; the ratios within one run are the result.
 
@@ -148,6 +150,11 @@ fn modes_table(size: usize, args: &Args, rows: &[Measured]) -> String {
             row.read_back
         );
     }
+    for row in rows.iter().filter(|row| !row.cold_phases.is_empty()) {
+        let phases: Vec<String> =
+            row.cold_phases.iter().map(|(phase, took)| format!("{phase} {}", show(*took))).collect();
+        let _ = writeln!(out, "\n{} mode's cold program by phase: {}.", row.mode.name(), phases.join(", "));
+    }
     let find = |mode: Mode| rows.iter().find(|row| row.mode == mode);
     if let Some(ipvs) = find(Mode::Ipvs) {
         out.push('\n');
@@ -212,6 +219,9 @@ fn run_modes(args: &Args, out: &mut String) -> anyhow::Result<()> {
                 show(measured.change_max),
                 measured.read_back
             );
+            for (phase, took) in &measured.cold_phases {
+                eprintln!("    cold sync phase {phase}: {}", show(*took));
+            }
             rows.push(measured);
         }
         let table = modes_table(size, args, &rows);
@@ -258,6 +268,36 @@ fn until_in_ipvs_table(
     })?
 }
 
+/// The metrics line of upstream kube-proxy's completed syncs.
+const SYNC_COUNT: &str = "kubeproxy_sync_proxy_rules_duration_seconds_count";
+
+/// Upstream kube-proxy's completed IPv4 syncs, read from its metrics on the node (the line
+/// labelled IPv4, else the first), with every line of that series as read.
+fn completed_syncs(kube: &KubeLab, namespace: &str) -> Option<(f64, String)> {
+    let address: SocketAddr = "127.0.0.1:10249".parse().ok()?;
+    let (_, _, body) = kube.lab.run_in(namespace, || svcplane_ops::http::get(address, "/metrics")).ok()?.ok()?;
+    let lines: Vec<&str> = body.lines().filter(|line| line.starts_with(SYNC_COUNT)).collect();
+    let value = |line: &&str| line.rsplit_once(' ').and_then(|(_, value)| value.trim().parse::<f64>().ok());
+    let count = lines.iter().find(|line| line.contains("IPv4")).or(lines.first()).and_then(value)?;
+    Some((count, lines.join("; ")))
+}
+
+/// Polls kube-proxy's metrics every 200 ms until its first sync has ended: the time since
+/// `from`, or `None` once `limit` has passed; and the sync series as last read.
+fn until_first_sync(kube: &KubeLab, namespace: &str, limit: Duration, from: Instant) -> (Option<Duration>, String) {
+    let mut seen = String::new();
+    while from.elapsed() < limit {
+        if let Some((count, lines)) = completed_syncs(kube, namespace) {
+            seen = lines;
+            if count >= 1.0 {
+                return (Some(from.elapsed()), seen);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    (None, seen)
+}
+
 #[derive(Debug, Clone, Copy)]
 struct ApiProxy {
     label: &'static str,
@@ -285,6 +325,11 @@ const API_PROXIES: [ApiProxy; 3] = [
 #[derive(Debug, Default)]
 struct ApiMeasured {
     cold: Option<Duration>,
+    /// From the process's start until its first sync had ended: for upstream kube-proxy,
+    /// its metrics' first completed IPv4 sync (it writes the IPVS table before its sets,
+    /// one `ipset add` process per entry); for svcplane the marker's time (it writes the
+    /// IPVS table last).
+    first_sync: Option<Duration>,
     changes: Vec<Option<Duration>>,
     /// After each change was in the IPVS table: whether a new connection from the node
     /// reached the new pod within [`CONNECT_CHECK`].
@@ -312,6 +357,11 @@ fn start_api_proxy(kube: &KubeLab, proxy: ApiProxy) -> anyhow::Result<(String, u
     }
     let mut args = upstream_kube_proxy_args(kube, node.name(), "ipvs");
     args.extend(proxy.extra.iter().map(|arg| (*arg).to_owned()));
+    // SVCPLANE_BENCH_KUBE_PROXY_V=4 (diagnosis only: logging that much slows it down).
+    if let Ok(level) = std::env::var("SVCPLANE_BENCH_KUBE_PROXY_V") {
+        args.retain(|arg| !arg.starts_with("--v="));
+        args.push(format!("--v={level}"));
+    }
     let what = format!("kube-proxy-{}", node.name());
     let (pid, log) = kube.plane.spawn(&what, node.namespace_name(), "kube-proxy", &args)?;
     Ok((what, pid, log))
@@ -364,6 +414,18 @@ fn run_api_size(binaries: &UpstreamBinaries, services: usize, args: &Args) -> an
         };
         eprintln!("     cold start to the marker in the IPVS table: {:?}", measured.cold);
         if measured.cold.is_some() {
+            measured.first_sync = if proxy.upstream {
+                // kube-proxy writes its IPVS table before its sets and rules: a change is
+                // only measured once its first sync has ended (else it would time the rest
+                // of the first sync).
+                let (ended, seen) = until_first_sync(&kube, &namespace, args.api_limit, started);
+                eprintln!("     its first sync ended: {ended:?} after its start (metrics: {seen})");
+                ended
+            } else {
+                measured.cold
+            };
+        }
+        if measured.first_sync.is_some() {
             let answered = until_answered(&kube, &namespace, target, PODS[current], CONNECT_CHECK, Instant::now());
             eprintln!("     (a connection from the node reached {} after {answered:?} more)", PODS[current]);
             for _ in 0..args.api_changes {
@@ -381,10 +443,17 @@ fn run_api_size(binaries: &UpstreamBinaries, services: usize, args: &Args) -> an
                 measured.reached.push(answered.is_some());
             }
         }
-        if measured.cold.is_none() || measured.changes.iter().any(Option::is_none) {
+        if measured.first_sync.is_none() || measured.changes.iter().any(Option::is_none) {
             eprintln!("     timed out; the end of {what}'s log:\n{}", kube_support::log_tail(&log));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let about: Vec<&str> = text.lines().filter(|line| line.contains(MARKER)).collect();
+            eprintln!(
+                "     the last of {} lines of {what}'s log that name the marker:\n{}",
+                about.len(),
+                about[about.len().saturating_sub(60)..].join("\n")
+            );
         }
-        if measured.reached.contains(&false) {
+        if measured.reached.contains(&false) || measured.changes.iter().any(Option::is_none) {
             let table = kube
                 .lab
                 .exec(&namespace, &["cat", "/proc/net/ip_vs"])
@@ -394,7 +463,7 @@ fn run_api_size(binaries: &UpstreamBinaries, services: usize, args: &Args) -> an
                 IpAddr::V4(ip) => format!("{:08X}:0050", u32::from(ip)),
                 IpAddr::V6(_) => String::new(),
             };
-            let marker: Vec<&str> = table.lines().skip_while(|line| !line.contains(&hex)).take(4).collect();
+            let marker: Vec<&str> = table.lines().skip_while(|line| !line.contains(&hex)).take(8).collect();
             eprintln!("     the marker in /proc/net/ip_vs:\n{}", marker.join("\n"));
         }
         measured.peak_rss_kib = peak_rss_kib(pid);
@@ -422,8 +491,8 @@ fn api_table(
     };
     let mut out = format!(
         "#### {services} Services x {ENDPOINTS_PER_SERVICE} endpoints from one API server (etcd + kube-apiserver in the guest)\n\n\
-         | proxy (IPVS mode) | cold start to the marker in the IPVS table | / svcplane | one endpoint change to the IPVS table, median of {} | / svcplane | then a new connection from the node reached the new pod within {} s | peak RSS |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+         | proxy (IPVS mode) | cold start to the marker in the IPVS table | / svcplane | first sync ended | / svcplane | one endpoint change to the IPVS table, median of {} | / svcplane | then a new connection from the node reached the new pod within {} s | peak RSS |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         args.api_changes,
         CONNECT_CHECK.as_secs()
     );
@@ -431,11 +500,17 @@ fn api_table(
         let reached = measured.reached.iter().filter(|reached| **reached).count();
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {reached} of {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {reached} of {} | {} |",
             proxy.label,
             shown(measured.cold),
             times(svcplane.and_then(|s| s.cold), measured.cold),
-            shown(measured.change_median()),
+            shown(measured.first_sync),
+            times(svcplane.and_then(|s| s.first_sync), measured.first_sync),
+            if measured.first_sync.is_some() {
+                shown(measured.change_median())
+            } else {
+                "not measured (no first sync)".to_owned()
+            },
             times(svcplane.and_then(ApiMeasured::change_median), measured.change_median()),
             measured.reached.len(),
             measured.peak_rss_kib.map_or_else(|| "-".to_owned(), |kib| format!("{:.0} MiB", kib as f64 / 1024.0)),

@@ -229,6 +229,24 @@ pub fn changes(
     out
 }
 
+/// The text `ipset restore` reads for `lines`, members' protocols spelled as numbers
+/// (`198.19.0.10,6:80`): `ipset` looks a protocol name up in `/etc/protocols`, opening the
+/// file once per member (10k members, 10k opens: minutes in the guest, whose `/etc` is
+/// read over 9p). `ipset save` still lists the names, as the members are spelled here.
+fn restore_text(lines: &[String]) -> String {
+    let mut text = String::with_capacity(lines.iter().map(|line| line.len() + 1).sum());
+    for line in lines {
+        if line.starts_with("add ") || line.starts_with("del ") {
+            let numbered = line.replace(",tcp:", ",6:").replace(",udp:", ",17:").replace(",sctp:", ",132:");
+            text.push_str(&numbered);
+        } else {
+            text.push_str(line);
+        }
+        text.push('\n');
+    }
+    text
+}
+
 /// Runs `ipset` in the calling thread's network namespace.
 #[derive(Debug, Clone, Default)]
 pub struct IpsetCli;
@@ -258,8 +276,7 @@ impl IpsetCli {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|error| format!("running ipset restore (is the ipset package installed?): {error}"))?;
-        let mut text = lines.join("\n");
-        text.push('\n');
+        let text = restore_text(lines);
         let written = child.stdin.take().expect("piped").write_all(text.as_bytes());
         let output = child.wait_with_output().map_err(|error| format!("waiting for ipset restore: {error}"))?;
         if !output.status.success() {
@@ -297,6 +314,29 @@ add KUBE-CLUSTER-IP 198.19.0.11,udp:53\n\
 create KUBE-NODE-PORT-TCP bitmap:port range 0-65535\n\
 create KUBE-OLD hash:ip,port family inet hashsize 1024 maxelem 65536\n\
 create other hash:ip family inet hashsize 1024 maxelem 65536\n";
+
+    #[test]
+    fn members_reach_ipset_restore_with_protocol_numbers_and_other_lines_as_they_are() {
+        let lines: Vec<String> = [
+            "create KUBE-LOOP-BACK hash:ip,port,ip family inet",
+            "add KUBE-LOOP-BACK 198.18.129.2,tcp:8080,198.18.129.2",
+            "del KUBE-CLUSTER-IP 198.19.0.11,udp:53",
+            "add KUBE-6-CLUSTER-IP 2001:db8:19::10,sctp:80",
+            "add KUBE-NODE-PORT-TCP 30080",
+            "swap KUBE-X-T KUBE-X",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            restore_text(&lines),
+            "create KUBE-LOOP-BACK hash:ip,port,ip family inet\n\
+             add KUBE-LOOP-BACK 198.18.129.2,6:8080,198.18.129.2\n\
+             del KUBE-CLUSTER-IP 198.19.0.11,17:53\n\
+             add KUBE-6-CLUSTER-IP 2001:db8:19::10,132:80\n\
+             add KUBE-NODE-PORT-TCP 30080\n\
+             swap KUBE-X-T KUBE-X\n"
+        );
+    }
 
     #[test]
     fn a_sync_sends_only_the_members_that_differ_and_can_put_the_set_back() {

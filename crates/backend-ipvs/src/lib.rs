@@ -278,6 +278,8 @@ pub struct IpvsBackend {
     /// [`Dataplane::request_full_resync`]): a sync that wants the same sends nothing for
     /// it, so an endpoint change costs no `ip`, `ipset` or `iptables` process.
     written: Written,
+    /// How long each phase of the last sync took ([`IpvsBackend::last_sync_phases`]).
+    phases: Vec<(&'static str, Duration)>,
 }
 
 /// The parts of a sync that are written through other programs, as last written.
@@ -312,7 +314,20 @@ impl IpvsBackend {
             drift_cursor: None,
             timeouts_set: false,
             written: Written::default(),
+            phases: Vec::new(),
         }
+    }
+
+    /// How long each phase of the last sync took, in the order they ran (a phase with
+    /// nothing to do is still listed, with its short time).
+    pub fn last_sync_phases(&self) -> &[(&'static str, Duration)] {
+        &self.phases
+    }
+
+    fn phase(&mut self, name: &'static str, started: Instant) -> Instant {
+        let now = Instant::now();
+        self.phases.push((name, now - started));
+        now
     }
 
     /// How often [`Dataplane::detect_drift`] actually asks the kernel.
@@ -389,9 +404,21 @@ impl IpvsBackend {
     /// Writes the sets and the rules of both families and hooks the rules in where
     /// missing: sets first (the rules name them), sets no longer wanted last.
     fn sync_rules(&mut self, plan: &NodePlan, node_addresses: &[IpAddr]) -> Result<usize, DataplaneError> {
-        let Some(iptables) = self.iptables.as_mut() else {
+        let Some(mut iptables) = self.iptables.take() else {
             return Ok(0);
         };
+        let result = self.write_rules(&mut iptables, plan, node_addresses);
+        self.iptables = Some(iptables);
+        result
+    }
+
+    fn write_rules(
+        &mut self,
+        iptables: &mut IptablesCli,
+        plan: &NodePlan,
+        node_addresses: &[IpAddr],
+    ) -> Result<usize, DataplaneError> {
+        let mut started = Instant::now();
         if !self.conntrack_enabled {
             for (path, value) in IPVS_SYSCTLS {
                 std::fs::write(path, value).map_err(|error| format!("writing {value} to {path}: {error}"))?;
@@ -408,6 +435,7 @@ impl IpvsBackend {
             families.iter().flat_map(|(_, rules)| rules.sets.clone()).collect();
         let rendered: Vec<String> =
             families.iter().map(|(_, rules)| format!("{}{}", rules.nat.render(), rules.filter.render())).collect();
+        started = self.phase("sets and rules rendered", started);
         let sets_unchanged = self.written.sets.as_ref() == Some(&wanted);
         let rules_unchanged = self.written.rules.as_ref() == Some(&rendered);
         if sets_unchanged && rules_unchanged {
@@ -429,6 +457,7 @@ impl IpvsBackend {
             self.ipset.apply(&set_changes)?;
             set_changes
         };
+        started = self.phase("ipsets (ipset save, restore)", started);
         let mut operations = set_changes.operations;
         if rules_unchanged {
             self.written.rules = Some(rendered);
@@ -437,11 +466,14 @@ impl IpvsBackend {
         }
         for (family, family_rules) in families {
             let fam = rules::family_of(family);
+            // One listing of every table of the family (a program start each, slow under
+            // emulation): the hooks there and the filter chains of earlier versions.
+            let saved = iptables.save_all(fam)?;
+            let nat_saved = saved_table(&saved, Table::Nat);
+            let filter_saved = saved_table(&saved, Table::Filter);
             let mut table = family_rules.nat;
             for (builtin, chain) in rules::HOOKS {
-                let listing = iptables.list_chain(fam, Table::Nat, builtin)?.unwrap_or_default();
-                let hook = format!("-A {builtin} -j {chain}");
-                if !listing.lines().any(|line| line.trim() == hook) {
+                if !is_hooked(&nat_saved, builtin, chain) {
                     table.insert(*builtin, 1, rules::hook_rule(chain));
                 }
             }
@@ -450,14 +482,12 @@ impl IpvsBackend {
 
             let mut filter = family_rules.filter;
             for (builtin, chain) in rules::FILTER_HOOKS {
-                let listing = iptables.list_chain(fam, Table::Filter, builtin)?.unwrap_or_default();
-                let hook = format!("-A {builtin} -j {chain}");
-                if !listing.lines().any(|line| line.trim() == hook) {
+                if !is_hooked(&filter_saved, builtin, chain) {
                     filter.insert(*builtin, 1, rules::hook_rule(chain));
                 }
             }
             // Chains of earlier versions (per-frontend source ranges): flushed, then deleted.
-            let existing = saved_chains(iptables, fam, Table::Filter)?;
+            let existing = table_chains(&filter_saved);
             let wanted: BTreeSet<String> = filter.chain_lines().into_iter().map(str::to_owned).collect();
             let stale: Vec<String> =
                 existing.into_iter().filter(|chain| rules::is_filter_chain(chain) && !wanted.contains(chain)).collect();
@@ -470,8 +500,10 @@ impl IpvsBackend {
             operations += filter.commands.len();
             iptables.restore(fam, &filter)?;
         }
+        started = self.phase("iptables rules (listed, restored)", started);
         // No rule names them any more.
         self.ipset.destroy(&set_changes.stale)?;
+        self.phase("stale ipsets destroyed", started);
         self.written.rules = Some(rendered);
         self.written.sets = Some(wanted);
         Ok(operations + set_changes.stale.len())
@@ -563,13 +595,35 @@ fn saved_chains(
     family: svcplane_iptables::Family,
     table: Table,
 ) -> Result<Vec<String>, DataplaneError> {
-    let text = iptables.save(family, table)?;
-    Ok(text
+    Ok(table_chains(&iptables.save(family, table)?))
+}
+
+/// The chains declared in an `iptables-save` listing of one table.
+fn table_chains(saved: &str) -> Vec<String> {
+    saved
         .lines()
         .filter_map(|line| line.strip_prefix(':'))
         .filter_map(|line| line.split_whitespace().next())
         .map(str::to_owned)
-        .collect())
+        .collect()
+}
+
+/// The lines of `table` in an `iptables-save` listing of every table (empty when the
+/// family has no such table yet).
+fn saved_table(saved: &str, table: Table) -> String {
+    let header = format!("*{}", table.name());
+    let mut lines = saved.lines().skip_while(|line| line.trim() != header).skip(1);
+    lines.by_ref().take_while(|line| line.trim() != "COMMIT").fold(String::new(), |mut out, line| {
+        out.push_str(line);
+        out.push('\n');
+        out
+    })
+}
+
+/// Whether built-in chain `builtin` of a saved table jumps to `chain` with a plain rule.
+fn is_hooked(saved: &str, builtin: &str, chain: &str) -> bool {
+    let hook = format!("-A {builtin} -j {chain}");
+    saved.lines().any(|line| line.trim() == hook)
 }
 
 impl Dataplane for IpvsBackend {
@@ -578,6 +632,8 @@ impl Dataplane for IpvsBackend {
     }
 
     fn sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<SyncReport, DataplaneError> {
+        self.phases.clear();
+        let mut started = Instant::now();
         // NodePorts answer on the node's addresses as the kernel has them now, as upstream
         // (every address but kube-ipvs0's), filtered by the plan.
         let mut node_addresses = svcplane_ipvs::local_addresses(INTERFACE)?;
@@ -595,6 +651,7 @@ impl Dataplane for IpvsBackend {
             self.ipvs()?.set_timeouts(timeouts)?;
             self.timeouts_set = true;
         }
+        started = self.phase("node addresses (getifaddrs)", started);
         let addresses = plan_addresses(plan);
         let step = match &self.applied {
             // What changed, against what this process applied: no read of the kernel.
@@ -605,6 +662,7 @@ impl Dataplane for IpvsBackend {
                 applied::Applied::from_kernel(&current, wanted, plan.service_ports.len())
             }
         };
+        started = self.phase("virtual services spelled and diffed", started);
         // Addresses first, so a new ClusterIP is local before its service exists; the
         // masquerade rules before the services that need them.
         let address_operations = if self.written.addresses.as_ref() == Some(&addresses) {
@@ -618,7 +676,9 @@ impl Dataplane for IpvsBackend {
             self.written.addresses = Some(addresses);
             operations
         };
+        self.phase("kube-ipvs0 addresses", started);
         let rule_operations = self.sync_rules(plan, &node_addresses)?;
+        let started = Instant::now();
         let changes = step.changes.len();
         let (full, service_ports) = (step.full, step.service_ports);
         if let Err(error) = self.ipvs()?.apply(&step.changes) {
@@ -626,6 +686,7 @@ impl Dataplane for IpvsBackend {
             self.applied = None;
             return Err(error.into());
         }
+        self.phase("IPVS requests", started);
         if !full {
             for change in &step.changes {
                 match change {
@@ -778,6 +839,22 @@ mod tests {
                 node_port_addresses: NodePortAddresses::AllLocal,
             },
         )
+    }
+
+    #[test]
+    fn one_listing_of_every_table_tells_the_hooks_of_each_table_and_its_chains() {
+        let saved = "# Generated by iptables-save v1.8.9 (nf_tables)\n*filter\n:INPUT ACCEPT [0:0]\n\
+                     :OUTPUT ACCEPT [0:0]\n:KUBE-FIREWALL-OLD - [0:0]\n-A INPUT -j KUBE-IPVS-FILTER\nCOMMIT\n\
+                     # Completed\n*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+                     -A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -m comment --comment x -j KUBE-SERVICES\nCOMMIT\n";
+        let nat = saved_table(saved, Table::Nat);
+        let filter = saved_table(saved, Table::Filter);
+        assert!(is_hooked(&nat, "PREROUTING", "KUBE-SERVICES"));
+        assert!(!is_hooked(&nat, "OUTPUT", "KUBE-SERVICES"), "a rule with more than the jump is not the hook");
+        assert!(!is_hooked(&nat, "INPUT", "KUBE-IPVS-FILTER"), "the filter table's hook is not the nat table's");
+        assert!(is_hooked(&filter, "INPUT", "KUBE-IPVS-FILTER"));
+        assert_eq!(table_chains(&filter), vec!["INPUT", "OUTPUT", "KUBE-FIREWALL-OLD"]);
+        assert_eq!(saved_table(saved, Table::Mangle), "", "a table the family does not have yet is empty");
     }
 
     #[test]

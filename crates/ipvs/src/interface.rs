@@ -1,6 +1,7 @@
 //! The dummy interface that holds every virtual service address (kube-proxy's
 //! `kube-ipvs0`), so the node accepts packets for them and IPVS sees them at its
-//! `LOCAL_IN` hook. Managed with the `ip` program: one `ip -batch` per change.
+//! `LOCAL_IN` hook. Read with `getifaddrs` (netlink, in the calling thread's namespace, no
+//! program started), changed with the `ip` program: one `ip -batch` per change.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -26,27 +27,19 @@ impl DummyInterface {
 
     /// The addresses on the interface; empty when it does not exist.
     pub fn addresses(&self) -> Result<BTreeSet<IpAddr>, IpvsError> {
-        let output = Command::new("ip")
-            .args(["-o", "addr", "show", "dev", &self.name])
-            .stderr(Stdio::null())
-            .output()
-            .map_err(|source| self.failed("listing the addresses of", source))?;
-        if !output.status.success() {
-            return Ok(BTreeSet::new());
-        }
-        Ok(parse_addresses(&String::from_utf8_lossy(&output.stdout)))
+        let all = interface_addresses().map_err(|source| self.failed("listing the addresses of", source))?;
+        Ok(all.into_iter().filter(|(name, _)| is_of(name, &self.name)).map(|(_, address)| address).collect())
+    }
+
+    /// Whether the interface exists in the calling thread's namespace.
+    fn exists(&self) -> bool {
+        nix::net::if_::if_nametoindex(self.name.as_str()).is_ok()
     }
 
     /// Makes the interface exist (down, as kube-proxy leaves it: a dummy interface needs
     /// no link for its addresses to be local) and hold exactly `wanted`.
     pub fn sync(&self, wanted: &BTreeSet<IpAddr>) -> Result<usize, IpvsError> {
-        let exists = Command::new("ip")
-            .args(["link", "show", "dev", &self.name])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|source| self.failed("looking for", source))?
-            .success();
+        let exists = self.exists();
         let current = if exists { self.addresses()? } else { BTreeSet::new() };
         let mut script = String::new();
         if !exists {
@@ -126,20 +119,42 @@ impl DummyInterface {
 /// The node's own addresses: every address of every interface but `except` (the dummy
 /// interface, whose addresses are Services'), without link-local ones.
 pub fn local_addresses(except: &str) -> Result<BTreeSet<IpAddr>, IpvsError> {
-    let output = Command::new("ip").args(["-o", "addr", "show"]).output().map_err(|source| IpvsError::Request {
+    let all = interface_addresses().map_err(|source| IpvsError::Request {
         operation: "listing",
         object: "the node's addresses".to_owned(),
         source,
     })?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let lines = text.lines().filter(|line| line.split_whitespace().nth(1) != Some(except));
-    Ok(parse_addresses(&lines.collect::<Vec<_>>().join("\n"))
+    Ok(all
         .into_iter()
+        .filter(|(name, _)| !is_of(name, except))
+        .map(|(_, address)| address)
         .filter(|address| match address {
             IpAddr::V4(v4) => !v4.is_link_local(),
             IpAddr::V6(v6) => !v6.is_unicast_link_local(),
         })
         .collect())
+}
+
+/// Every IPv4 and IPv6 address of the calling thread's namespace, with its interface's
+/// name (for IPv4, the address's label, which is the interface's name or starts with it
+/// and a colon).
+fn interface_addresses() -> std::io::Result<Vec<(String, IpAddr)>> {
+    let addresses = nix::ifaddrs::getifaddrs().map_err(std::io::Error::from)?;
+    Ok(addresses
+        .filter_map(|ifaddr| {
+            let address = ifaddr.address?;
+            let ip = match address.as_sockaddr_in() {
+                Some(v4) => IpAddr::V4(v4.ip()),
+                None => IpAddr::V6(address.as_sockaddr_in6()?.ip()),
+            };
+            Some((ifaddr.interface_name, ip))
+        })
+        .collect())
+}
+
+/// Whether `name` (an interface name or an IPv4 label) is interface `interface`'s.
+fn is_of(name: &str, interface: &str) -> bool {
+    name == interface || name.strip_prefix(interface).is_some_and(|rest| rest.starts_with(':'))
 }
 
 fn host_prefix(address: IpAddr) -> String {
@@ -149,26 +164,19 @@ fn host_prefix(address: IpAddr) -> String {
     }
 }
 
-/// The addresses in `ip -o addr show` output (`2: kube-ipvs0    inet 198.19.0.10/32 ...`).
-fn parse_addresses(text: &str) -> BTreeSet<IpAddr> {
-    text.lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            words.find(|word| *word == "inet" || *word == "inet6")?;
-            words.next()?.split('/').next()?.parse().ok()
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn addresses_are_read_from_ip_one_line_output() {
-        let text = "5: kube-ipvs0    inet 198.19.0.10/32 scope global kube-ipvs0\\       valid_lft forever\n\
-                    5: kube-ipvs0    inet6 2001:db8:19::10/128 scope global \\       valid_lft forever\n";
-        let found: Vec<IpAddr> = parse_addresses(text).into_iter().collect();
-        assert_eq!(found, vec!["198.19.0.10".parse::<IpAddr>().unwrap(), "2001:db8:19::10".parse().unwrap()]);
+    fn the_node_addresses_leave_out_the_interface_named_and_its_labels() {
+        assert!(is_of("kube-ipvs0", "kube-ipvs0") && is_of("kube-ipvs0:1", "kube-ipvs0"));
+        assert!(!is_of("kube-ipvs01", "kube-ipvs0") && !is_of("eth0", "kube-ipvs0"));
+        // Read-only, in the namespace the test runs in: the loopback address is on `lo`.
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        assert!(local_addresses("kube-ipvs0").unwrap().contains(&loopback));
+        assert!(!local_addresses("lo").unwrap().contains(&loopback));
+        assert!(DummyInterface::new("lo").addresses().unwrap().contains(&loopback));
+        assert_eq!(DummyInterface::new("svcp-none0").addresses().unwrap(), BTreeSet::new());
     }
 }

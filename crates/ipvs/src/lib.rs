@@ -3,7 +3,9 @@
 //!
 //! It reads the kernel's current table ([`Ipvs::services`], [`Ipvs::destinations`]), works
 //! out the difference to a wanted table ([`diff`], pure), and applies it one request per
-//! change ([`Ipvs::apply`]), so a sync that changes one endpoint sends one message. It also
+//! change ([`Ipvs::apply`]), so a sync that changes one endpoint sends one message; many
+//! changes go [`BATCH`] requests to a `sendmsg`, each still acknowledged on its own, so an
+//! error names the change the kernel refused. It also
 //! sets the connection timeouts ([`Ipvs::set_timeouts`]). [`DummyInterface`] keeps the
 //! virtual addresses on a dummy interface (kube-proxy's `kube-ipvs0`) with the `ip` program.
 //!
@@ -184,6 +186,120 @@ pub enum IpvsError {
     },
 }
 
+/// Requests per `sendmsg` in [`Ipvs::apply`]. Their acks wait in the socket's receive
+/// buffer until read (the kernel drops an ack that does not fit, and the socket then
+/// reports `ENOBUFS`): 64 acks, of at most a few hundred bytes each with their socket
+/// buffer overhead, fit in the default buffer many times over.
+pub const BATCH: usize = 64;
+
+/// What `change` does, as an error names it: the operation and its object.
+fn describe(change: &Change) -> (&'static str, String) {
+    match change {
+        Change::AddService(service) => {
+            ("adding", format!("IPVS service {} (scheduler {})", service.key, service.scheduler))
+        }
+        Change::UpdateService(service) => {
+            ("updating", format!("IPVS service {} (scheduler {})", service.key, service.scheduler))
+        }
+        Change::DeleteService(key) => ("deleting", format!("IPVS service {key}")),
+        Change::AddDestination(key, destination)
+        | Change::UpdateDestination(key, destination)
+        | Change::DeleteDestination(key, destination) => {
+            let operation = match change {
+                Change::AddDestination(..) => "adding",
+                Change::UpdateDestination(..) => "updating",
+                _ => "deleting",
+            };
+            let object = format!(
+                "real server {} port {} (weight {}) of IPVS service {key}",
+                destination.address, destination.port, destination.weight
+            );
+            (operation, object)
+        }
+    }
+}
+
+/// The request for `change`, asking for an ack, with sequence number `seq`.
+fn encode_change(family: u16, change: &Change, seq: u32) -> Vec<u8> {
+    let flags = NLM_F_REQUEST | NLM_F_ACK;
+    match change {
+        Change::AddService(service) | Change::UpdateService(service) => {
+            let cmd = if matches!(change, Change::AddService(_)) { IPVS_CMD_NEW_SERVICE } else { IPVS_CMD_SET_SERVICE };
+            let mut request = Request::new(family, flags, seq, cmd, IPVS_GENL_VERSION);
+            request.begin_nest(IPVS_CMD_ATTR_SERVICE).service(service).end_nest();
+            request.finish()
+        }
+        Change::DeleteService(key) => {
+            let mut request = Request::new(family, flags, seq, IPVS_CMD_DEL_SERVICE, IPVS_GENL_VERSION);
+            request.begin_nest(IPVS_CMD_ATTR_SERVICE).service_key(key).end_nest();
+            request.finish()
+        }
+        Change::AddDestination(key, destination)
+        | Change::UpdateDestination(key, destination)
+        | Change::DeleteDestination(key, destination) => {
+            let cmd = match change {
+                Change::AddDestination(..) => IPVS_CMD_NEW_DEST,
+                Change::UpdateDestination(..) => IPVS_CMD_SET_DEST,
+                _ => IPVS_CMD_DEL_DEST,
+            };
+            let mut request = Request::new(family, flags, seq, cmd, IPVS_GENL_VERSION);
+            request.begin_nest(IPVS_CMD_ATTR_SERVICE).service_key(key).end_nest();
+            request.begin_nest(IPVS_CMD_ATTR_DEST);
+            if cmd == IPVS_CMD_DEL_DEST {
+                request.destination_key(destination);
+            } else {
+                request.destination(destination);
+            }
+            request.end_nest();
+            request.finish()
+        }
+    }
+}
+
+/// The acks of one batch: requests with sequence numbers `first`, `first + 1`, ...
+/// (wrapping), each answered by one `NLMSG_ERROR` (errno 0 for success).
+struct Acks {
+    first: u32,
+    errnos: Vec<Option<i32>>,
+    missing: usize,
+}
+
+impl Acks {
+    fn new(first: u32, count: usize) -> Self {
+        Acks { first, errnos: vec![None; count], missing: count }
+    }
+
+    /// Takes `message` if it is the ack of one of the batch's requests (anything else,
+    /// such as an answer to an earlier request, is ignored).
+    fn record(&mut self, message: &Message<'_>) {
+        if message.msg_type != NLMSG_ERROR {
+            return;
+        }
+        let index = message.seq.wrapping_sub(self.first) as usize;
+        let Some(slot) = self.errnos.get_mut(index) else {
+            return;
+        };
+        if slot.is_none() {
+            let code =
+                message.payload.get(..4).map_or(0, |bytes| i32::from_ne_bytes(bytes.try_into().expect("four bytes")));
+            *slot = Some(-code);
+            self.missing -= 1;
+        }
+    }
+
+    fn complete(&self) -> bool {
+        self.missing == 0
+    }
+
+    /// The first request refused, in the order sent: (index, errno).
+    fn first_refused(&self) -> Option<(usize, i32)> {
+        self.errnos.iter().enumerate().find_map(|(index, errno)| match errno {
+            Some(errno) if *errno != 0 => Some((index, *errno)),
+            _ => None,
+        })
+    }
+}
+
 /// The kernel's IPVS table in the network namespace the socket was opened in.
 #[derive(Debug)]
 pub struct Ipvs {
@@ -267,55 +383,54 @@ impl Ipvs {
         Ok(entries)
     }
 
-    /// Applies `changes` in order, one acknowledged request each; stops at the first the
-    /// kernel refuses, naming it.
+    /// Applies `changes` in order, one acknowledged request each, [`BATCH`] requests per
+    /// `sendmsg` (the kernel handles the messages of one send in order and acknowledges
+    /// each). Stops after the first batch the kernel refused something of, naming the first
+    /// change it refused; the later changes of that batch were tried too (a real server of
+    /// a service that could not be added is refused as well), and the caller reads the
+    /// table again before its next diff.
     pub fn apply(&mut self, changes: &[Change]) -> Result<(), IpvsError> {
-        for change in changes {
-            let seq = self.next_seq();
-            let flags = NLM_F_REQUEST | NLM_F_ACK;
-            let (operation, object, request) = match change {
-                Change::AddService(service) => {
-                    let mut request = Request::new(self.family, flags, seq, IPVS_CMD_NEW_SERVICE, IPVS_GENL_VERSION);
-                    request.begin_nest(IPVS_CMD_ATTR_SERVICE).service(service).end_nest();
-                    ("adding", format!("IPVS service {} (scheduler {})", service.key, service.scheduler), request)
-                }
-                Change::UpdateService(service) => {
-                    let mut request = Request::new(self.family, flags, seq, IPVS_CMD_SET_SERVICE, IPVS_GENL_VERSION);
-                    request.begin_nest(IPVS_CMD_ATTR_SERVICE).service(service).end_nest();
-                    ("updating", format!("IPVS service {} (scheduler {})", service.key, service.scheduler), request)
-                }
-                Change::DeleteService(key) => {
-                    let mut request = Request::new(self.family, flags, seq, IPVS_CMD_DEL_SERVICE, IPVS_GENL_VERSION);
-                    request.begin_nest(IPVS_CMD_ATTR_SERVICE).service_key(key).end_nest();
-                    ("deleting", format!("IPVS service {key}"), request)
-                }
-                Change::AddDestination(key, destination)
-                | Change::UpdateDestination(key, destination)
-                | Change::DeleteDestination(key, destination) => {
-                    let (cmd, operation) = match change {
-                        Change::AddDestination(..) => (IPVS_CMD_NEW_DEST, "adding"),
-                        Change::UpdateDestination(..) => (IPVS_CMD_SET_DEST, "updating"),
-                        _ => (IPVS_CMD_DEL_DEST, "deleting"),
-                    };
-                    let mut request = Request::new(self.family, flags, seq, cmd, IPVS_GENL_VERSION);
-                    request.begin_nest(IPVS_CMD_ATTR_SERVICE).service_key(key).end_nest();
-                    request.begin_nest(IPVS_CMD_ATTR_DEST);
-                    if cmd == IPVS_CMD_DEL_DEST {
-                        request.destination_key(destination);
-                    } else {
-                        request.destination(destination);
-                    }
-                    request.end_nest();
-                    let object = format!(
-                        "real server {} port {} (weight {}) of IPVS service {key}",
-                        destination.address, destination.port, destination.weight
-                    );
-                    (operation, object, request)
-                }
-            };
-            self.acknowledged(&request.finish(), seq, operation, object)?;
+        for chunk in changes.chunks(BATCH) {
+            let first = self.seq.wrapping_add(1);
+            let mut buf = Vec::with_capacity(chunk.len() * 128);
+            for change in chunk {
+                let seq = self.next_seq();
+                buf.extend_from_slice(&encode_change(self.family, change, seq));
+            }
+            let refused = self.acknowledged_batch(&buf, first, chunk.len()).map_err(|source| {
+                let (operation, object) = describe(&chunk[0]);
+                let object = if chunk.len() > 1 { format!("{object} and {} more", chunk.len() - 1) } else { object };
+                IpvsError::Request { operation, object, source }
+            })?;
+            if let Some((index, errno)) = refused {
+                let (operation, object) = describe(&chunk[index]);
+                return Err(IpvsError::Request { operation, object, source: io::Error::from_raw_os_error(errno) });
+            }
         }
         Ok(())
+    }
+
+    /// Sends `buf` (`count` requests with sequence numbers from `first`, each asking for an
+    /// ack) and reads every ack; the first request refused, as (index, errno).
+    fn acknowledged_batch(&mut self, buf: &[u8], first: u32, count: usize) -> io::Result<Option<(usize, i32)>> {
+        let sent = self.socket.send(buf, 0)?;
+        if sent != buf.len() {
+            return Err(io::Error::other(format!("netlink sent {sent} of {} bytes", buf.len())));
+        }
+        let mut acks = Acks::new(first, count);
+        while !acks.complete() {
+            let len = loop {
+                match self.socket.recv(&mut &mut self.receive[..], 0) {
+                    Ok(len) => break len.min(self.receive.len()),
+                    Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                    Err(error) => return Err(error),
+                }
+            };
+            for message in messages(&self.receive[..len]) {
+                acks.record(&message);
+            }
+        }
+        Ok(acks.first_refused())
     }
 
     /// Sets the TCP, TCP FIN and UDP connection timeouts (`ipvsadm --set`).
@@ -428,6 +543,89 @@ mod tests {
         let mut updated = wanted[0].service.clone();
         updated.scheduler = "lc".to_owned();
         assert_eq!(diff(&current, &wanted), vec![Change::DeleteService(key(81)), Change::UpdateService(updated)]);
+    }
+
+    /// An ack as the kernel writes it: header (type `NLMSG_ERROR`), then the negative errno
+    /// (and, past what is read here, the request's header).
+    fn ack(seq: u32, errno: i32) -> Vec<u8> {
+        let mut buf = Vec::new();
+        buf.extend_from_slice(&36u32.to_ne_bytes());
+        buf.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        buf.extend_from_slice(&0u16.to_ne_bytes());
+        buf.extend_from_slice(&seq.to_ne_bytes());
+        buf.extend_from_slice(&0u32.to_ne_bytes());
+        buf.extend_from_slice(&(-errno).to_ne_bytes());
+        buf.extend_from_slice(&[0; 16]);
+        buf
+    }
+
+    fn record_all(acks: &mut Acks, buf: &[u8]) {
+        for message in messages(buf) {
+            acks.record(&message);
+        }
+    }
+
+    #[test]
+    fn a_batch_is_its_requests_back_to_back_each_with_its_own_length_and_sequence_number() {
+        let changes = [
+            Change::AddService(entry(80, "rr", &[]).service),
+            Change::AddDestination(key(80), destination(2, 1)),
+            Change::UpdateDestination(key(80), destination(2, 0)),
+            Change::DeleteDestination(key(80), destination(2, 0)),
+            Change::DeleteService(key(80)),
+        ];
+        let mut buf = Vec::new();
+        let mut lengths = Vec::new();
+        for (k, change) in changes.iter().enumerate() {
+            let one = encode_change(77, change, 100 + k as u32);
+            assert_eq!(one.len() % 4, 0, "each request ends aligned, so the next starts on a boundary");
+            lengths.push(one.len());
+            buf.extend_from_slice(&one);
+        }
+        let parsed = messages(&buf);
+        assert_eq!(parsed.iter().map(|m| m.seq).collect::<Vec<_>>(), vec![100, 101, 102, 103, 104]);
+        assert!(parsed.iter().all(|m| m.msg_type == 77), "every request is of the IPVS family");
+        let commands: Vec<u8> = parsed.iter().map(|m| m.payload[0]).collect();
+        assert_eq!(
+            commands,
+            vec![IPVS_CMD_NEW_SERVICE, IPVS_CMD_NEW_DEST, IPVS_CMD_SET_DEST, IPVS_CMD_DEL_DEST, IPVS_CMD_DEL_SERVICE]
+        );
+        assert_eq!(parsed.iter().map(|m| m.payload.len() + 16).collect::<Vec<_>>(), lengths);
+    }
+
+    #[test]
+    fn a_batch_is_complete_once_every_request_has_its_ack_in_whatever_order_they_come() {
+        let mut acks = Acks::new(10, 3);
+        record_all(&mut acks, &ack(11, 0));
+        assert!(!acks.complete());
+        // An ack of an earlier request, a duplicate and a reply that is no ack are not counted.
+        record_all(&mut acks, &[ack(9, 0), ack(11, 0), ack(13, 0)].concat());
+        assert!(!acks.complete());
+        record_all(&mut acks, &[ack(12, 0), ack(10, 0)].concat());
+        assert!(acks.complete());
+        assert_eq!(acks.first_refused(), None);
+    }
+
+    #[test]
+    fn the_first_refused_request_of_a_batch_is_named_by_its_place_in_the_batch() {
+        let mut acks = Acks::new(20, 4);
+        // The kernel went on after the refusal: a later request was refused too.
+        record_all(&mut acks, &[ack(20, 0), ack(21, libc::EEXIST), ack(22, libc::ESRCH), ack(23, 0)].concat());
+        assert!(acks.complete());
+        assert_eq!(acks.first_refused(), Some((1, libc::EEXIST)));
+        let (operation, object) = describe(&Change::AddDestination(key(80), destination(3, 1)));
+        assert_eq!(
+            (operation, object.as_str()),
+            ("adding", "real server 198.18.2.3 port 8080 (weight 1) of IPVS service tcp 198.19.0.10:80")
+        );
+    }
+
+    #[test]
+    fn sequence_numbers_that_wrap_within_a_batch_still_find_their_requests() {
+        let mut acks = Acks::new(u32::MAX - 1, 3);
+        record_all(&mut acks, &[ack(u32::MAX - 1, 0), ack(u32::MAX, 0), ack(0, libc::ENOENT)].concat());
+        assert!(acks.complete());
+        assert_eq!(acks.first_refused(), Some((2, libc::ENOENT)));
     }
 
     #[test]

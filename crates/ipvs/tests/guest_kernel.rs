@@ -167,6 +167,41 @@ fn ipvs_services_and_real_servers_round_trip_through_generic_netlink() {
 
         ipvs.apply(&diff(&next, &[])).expect("deleting everything");
         assert_eq!(ipvs.table().expect("reading the emptied table"), vec![]);
+
+        // Several batches: 3 services x 100 real servers is 303 requests, more than
+        // svcplane_ipvs::BATCH a send, and reads back whole.
+        let reals: Vec<String> = (0..100).map(|k| format!("198.18.3.{}", k + 1)).collect();
+        let reals: Vec<(&str, u32)> = reals.iter().map(|real| (real.as_str(), 1)).collect();
+        let big = sorted((0..3).map(|k| entry("198.19.0.20", Protocol::Tcp, 80 + k, "rr", 0, &reals)).collect());
+        let changes = diff(&[], &big);
+        assert!(changes.len() > 2 * svcplane_ipvs::BATCH, "{} changes", changes.len());
+        ipvs.apply(&changes).expect("programming 303 changes in batches");
+        assert_eq!(sorted(ipvs.table().expect("reading the batched table back")), big);
+
+        // A refusal inside a batch names that change, not the batch's first; the kernel
+        // went on with the rest of the batch.
+        let missing = entry("198.19.0.21", Protocol::Tcp, 80, "rr", 0, &[]);
+        let fresh = entry("198.19.0.22", Protocol::Tcp, 80, "rr", 0, &[]);
+        let stray = Destination { address: "198.18.3.200".parse().unwrap(), port: 8080, weight: 1 };
+        let error = ipvs
+            .apply(&[
+                Change::AddDestination(big[0].service.key, stray),
+                Change::AddDestination(missing.service.key, stray),
+                Change::AddService(fresh.service.clone()),
+            ])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error
+                .starts_with("adding real server 198.18.3.200 port 8080 (weight 1) of IPVS service tcp 198.19.0.21:80"),
+            "{error}"
+        );
+        let after = ipvs.table().expect("reading the table after the refusal");
+        assert!(after.iter().any(|e| e.service.key == fresh.service.key), "the request after the refused one ran");
+        let first = after.iter().find(|e| e.service.key == big[0].service.key).expect("the first batched service");
+        assert!(first.destinations.contains_key(&(stray.address, 8080)), "the one before it ran");
+        ipvs.apply(&diff(&after, &[])).expect("deleting everything again");
+        assert_eq!(ipvs.table().expect("reading the emptied table"), vec![]);
     })
     .expect("entering the test namespace");
 }

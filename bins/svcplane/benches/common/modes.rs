@@ -94,6 +94,49 @@ pub struct Measured {
     /// What the kernel held after the changes, read back.
     pub read_back: String,
     pub connect: Option<ConnectLatency>,
+    /// How long each phase of the cold sync took, where the mode says (IPVS mode).
+    pub cold_phases: Vec<(&'static str, Duration)>,
+}
+
+/// What [`program`] measured.
+struct Programmed {
+    cold: Duration,
+    changes: Vec<Duration>,
+    read_back: String,
+    cold_phases: Vec<(&'static str, Duration)>,
+}
+
+/// The cold sync, then the endpoint changes, both read back; on the calling thread's
+/// namespace. `phases` reads the backend's phases of the cold sync.
+fn program<B: Dataplane>(
+    backend: &mut B,
+    mode: Mode,
+    state: &mut svcplane_core::ClusterState,
+    plan: &mut NodePlan,
+    options: Options,
+    phases: impl FnOnce(&B) -> Vec<(&'static str, Duration)>,
+) -> anyhow::Result<Programmed> {
+    let (cold, synced) = time(|| backend.sync(plan, &PlanDiff::default()));
+    synced.map_err(|error| anyhow::anyhow!("{} cold sync: {error}", mode.name()))?;
+    let cold_phases = phases(backend);
+    check_programmed(mode, options.services, &[]).context("after the cold sync")?;
+
+    let mut changes = Vec::new();
+    let mut moved = Vec::new();
+    for k in 0..options.changes {
+        let s = k * options.services / options.changes;
+        let (took, synced) = time(|| {
+            endpoint_change(state, s, options.endpoints, k);
+            let changed = state.take_changes();
+            let diff = plan.update(state, &changed);
+            backend.sync(plan, &diff)
+        });
+        synced.map_err(|error| anyhow::anyhow!("{} sync of change {k}: {error}", mode.name()))?;
+        changes.push(took);
+        moved.push((s, moved_address(IpFamily::of(&service_ip(s)), k)));
+    }
+    let read_back = check_programmed(mode, options.services, &moved).context("after the endpoint changes")?;
+    Ok(Programmed { cold, changes, read_back, cold_phases })
 }
 
 /// Measures `mode` in a lab of its own (see the module's header).
@@ -122,34 +165,25 @@ fn measure_in(lab: &Lab, mode: Mode, options: Options, stop: Arc<AtomicBool>) ->
     // Everything that touches the kernel runs on one thread inside the node's namespace:
     // IPVS mode works on the calling thread's namespace, and the iptables programs it and
     // the iptables mode start inherit it.
-    let programmed = lab.run_in(&node, || -> anyhow::Result<(Duration, Vec<Duration>, String)> {
-        let mut backend: Box<dyn Dataplane> = match mode {
-            Mode::Ipvs => Box::new(IpvsBackend::new(IpvsConfig::default(), IptablesCli::new(Variant::Nft))),
-            Mode::Nftables => Box::new(NftablesBackend::new(NftNetlink::in_network_namespace(&node)?)),
-            Mode::Iptables => Box::new(IptablesBackend::new(IptablesCli::new(Variant::Nft))),
-        };
-        let (cold, synced) = time(|| backend.sync(&plan, &PlanDiff::default()));
-        synced.map_err(|error| anyhow::anyhow!("{} cold sync: {error}", mode.name()))?;
-        check_programmed(mode, options.services, &[]).context("after the cold sync")?;
-
-        let mut changes = Vec::new();
-        let mut moved = Vec::new();
-        for k in 0..options.changes {
-            let s = k * options.services / options.changes;
-            let (took, synced) = time(|| {
-                endpoint_change(&mut state, s, options.endpoints, k);
-                let changed = state.take_changes();
-                let diff = plan.update(&state, &changed);
-                backend.sync(&plan, &diff)
-            });
-            synced.map_err(|error| anyhow::anyhow!("{} sync of change {k}: {error}", mode.name()))?;
-            changes.push(took);
-            moved.push((s, moved_address(IpFamily::of(&service_ip(s)), k)));
+    let programmed = lab.run_in(&node, || -> anyhow::Result<Programmed> {
+        match mode {
+            Mode::Ipvs => {
+                let mut backend = IpvsBackend::new(IpvsConfig::default(), IptablesCli::new(Variant::Nft));
+                program(&mut backend, mode, &mut state, &mut plan, options, |backend| {
+                    backend.last_sync_phases().to_vec()
+                })
+            }
+            Mode::Nftables => {
+                let mut backend = NftablesBackend::new(NftNetlink::in_network_namespace(&node)?);
+                program(&mut backend, mode, &mut state, &mut plan, options, |_| Vec::new())
+            }
+            Mode::Iptables => {
+                let mut backend = IptablesBackend::new(IptablesCli::new(Variant::Nft));
+                program(&mut backend, mode, &mut state, &mut plan, options, |_| Vec::new())
+            }
         }
-        let read_back = check_programmed(mode, options.services, &moved).context("after the endpoint changes")?;
-        Ok((cold, changes, read_back))
     })??;
-    let (cold, mut changes, read_back) = programmed;
+    let Programmed { cold, mut changes, read_back, cold_phases } = programmed;
 
     let connect = if options.connects > 0 {
         let client = lab.pod("client").namespace_name().to_owned();
@@ -167,6 +201,7 @@ fn measure_in(lab: &Lab, mode: Mode, options: Options, stop: Arc<AtomicBool>) ->
         changes: options.changes,
         read_back,
         connect,
+        cold_phases,
     })
 }
 
