@@ -7,9 +7,7 @@
 // A counting global allocator is the one way to see live heap bytes without a profiler.
 #![allow(unsafe_code)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicIsize, Ordering};
 
 use svcplane_core::model::{
     Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, Protocol, Service, ServicePort,
@@ -17,34 +15,9 @@ use svcplane_core::model::{
 use svcplane_core::plan::{NodeConfig, NodePlan};
 use svcplane_core::state::{Change, ClusterState};
 
-struct Counting;
-
-static BYTES: AtomicIsize = AtomicIsize::new(0);
-static BLOCKS: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is passed on to the system allocator unchanged; only counted.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        BLOCKS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        BLOCKS.fetch_sub(1, Ordering::Relaxed);
-        // SAFETY: ptr came from alloc with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-fn live() -> (isize, isize) {
-    (BYTES.load(Ordering::Relaxed), BLOCKS.load(Ordering::Relaxed))
-}
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::live;
 
 fn report(what: &str, before: (isize, isize), after: (isize, isize), services: usize, endpoints: usize) {
     let bytes = after.0 - before.0;
