@@ -555,7 +555,8 @@ impl EbpfBackend {
     /// The second part of a full sync: the tc maps.
     fn fill_tc_maps(&mut self, plan: &NodePlan, filled: Filled) -> Result<Filled, BpfError> {
         let at = Instant::now();
-        let Filled { record, bulk, old_services, old_backends, old_live, wanted, mut operations, .. } = filled;
+        let mut operations = filled.operations;
+        let record = &filled.record;
         let tc = self.tc.as_mut().expect("opened with lb");
         tc.configure(&plan.config.node_ips, &plan.config.cluster_cidrs)?;
         let wanted_ranges: BTreeSet<(ServiceKey, IpNet)> = record
@@ -578,17 +579,7 @@ impl EbpfBackend {
         operations += tables.len();
         let wanted_maglev: BTreeSet<u32> = tables.iter().map(|(set, _)| *set).collect();
         self.phase("Maglev tables", at);
-        Ok(Filled {
-            record,
-            bulk,
-            old_services,
-            old_backends,
-            old_live,
-            wanted,
-            operations,
-            wanted_ranges,
-            wanted_maglev,
-        })
+        Ok(Filled { operations, wanted_ranges, wanted_maglev, ..filled })
     }
 
     /// The last part of a full sync: what the plan no longer has, once the programs that

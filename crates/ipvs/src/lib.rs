@@ -412,20 +412,32 @@ impl Ipvs {
 
     /// Sends `buf` (`count` requests with sequence numbers from `first`, each asking for an
     /// ack) and reads every ack; the first request refused, as (index, errno).
-    fn acknowledged_batch(&mut self, buf: &[u8], first: u32, count: usize) -> io::Result<Option<(usize, i32)>> {
+    /// Sends `buf` as one datagram; a short send is an error.
+    fn send_whole(&mut self, buf: &[u8]) -> io::Result<()> {
         let sent = self.socket.send(buf, 0)?;
         if sent != buf.len() {
             return Err(io::Error::other(format!("netlink sent {sent} of {} bytes", buf.len())));
         }
+        Ok(())
+    }
+
+    /// Receives one datagram into `self.receive` (retrying an interrupted call) and returns
+    /// how many of its bytes the buffer holds.
+    fn receive_some(&mut self) -> io::Result<usize> {
+        loop {
+            match self.socket.recv(&mut &mut self.receive[..], 0) {
+                Ok(len) => return Ok(len.min(self.receive.len())),
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    fn acknowledged_batch(&mut self, buf: &[u8], first: u32, count: usize) -> io::Result<Option<(usize, i32)>> {
+        self.send_whole(buf)?;
         let mut acks = Acks::new(first, count);
         while !acks.complete() {
-            let len = loop {
-                match self.socket.recv(&mut &mut self.receive[..], 0) {
-                    Ok(len) => break len.min(self.receive.len()),
-                    Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                    Err(error) => return Err(error),
-                }
-            };
+            let len = self.receive_some()?;
             for message in messages(&self.receive[..len]) {
                 acks.record(&message);
             }
@@ -459,19 +471,10 @@ impl Ipvs {
     /// Sends one request and collects the payloads answering it until its ack, error or
     /// dump end; returns them with the errno (0 for success).
     fn request(&mut self, buf: &[u8], seq: u32) -> io::Result<(Vec<Vec<u8>>, i32)> {
-        let sent = self.socket.send(buf, 0)?;
-        if sent != buf.len() {
-            return Err(io::Error::other(format!("netlink sent {sent} of {} bytes", buf.len())));
-        }
+        self.send_whole(buf)?;
         let mut replies = Vec::new();
         loop {
-            let len = loop {
-                match self.socket.recv(&mut &mut self.receive[..], 0) {
-                    Ok(len) => break len.min(self.receive.len()),
-                    Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                    Err(error) => return Err(error),
-                }
-            };
+            let len = self.receive_some()?;
             for message in messages(&self.receive[..len]) {
                 if message.seq != seq {
                     continue;
