@@ -77,7 +77,7 @@ fn parse_args() -> anyhow::Result<Args> {
         endpoints: 10,
         changes: 5,
         connects: 1000,
-        modes: Mode::ALL.to_vec(),
+        modes: Mode::DEFAULT.to_vec(),
         api_sizes: vec![1000],
         api_changes: 3,
         api_limit: Duration::from_secs(300),
@@ -99,7 +99,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--api-limit" => args.api_limit = Duration::from_secs(value()?.parse()?),
             "--bench" => {}
             other => bail!(
-                "unknown argument {other:?} (--sizes A,B --endpoints E --changes N --connects N --modes ipvs,nftables,iptables \
+                "unknown argument {other:?} (--sizes A,B --endpoints E --changes N --connects N --modes ipvs,nftables,iptables[,iptables-legacy] \
                  --api-sizes A,B|0 --api-changes N --api-limit SECONDS)"
             ),
         }
@@ -158,7 +158,7 @@ fn modes_table(size: usize, args: &Args, rows: &[Measured]) -> String {
     let find = |mode: Mode| rows.iter().find(|row| row.mode == mode);
     if let Some(ipvs) = find(Mode::Ipvs) {
         out.push('\n');
-        for other in [Mode::Nftables, Mode::Iptables] {
+        for other in [Mode::Nftables, Mode::Iptables, Mode::IptablesLegacy] {
             if let Some(other_row) = find(other) {
                 let _ = writeln!(
                     out,

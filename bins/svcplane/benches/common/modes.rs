@@ -41,16 +41,22 @@ pub enum Mode {
     Ipvs,
     Nftables,
     Iptables,
+    /// iptables mode through iptables-legacy: at 10k Services iptables-nft-restore's
+    /// user-space cost (rules x chains) makes a cold program take hours under emulation.
+    IptablesLegacy,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 3] = [Mode::Ipvs, Mode::Nftables, Mode::Iptables];
+    /// What a run measures unless `--modes` says otherwise.
+    pub const DEFAULT: [Mode; 3] = [Mode::Ipvs, Mode::Nftables, Mode::Iptables];
+    pub const ALL: [Mode; 4] = [Mode::Ipvs, Mode::Nftables, Mode::Iptables, Mode::IptablesLegacy];
 
     pub fn name(self) -> &'static str {
         match self {
             Mode::Ipvs => "ipvs",
             Mode::Nftables => "nftables",
             Mode::Iptables => "iptables",
+            Mode::IptablesLegacy => "iptables-legacy",
         }
     }
 
@@ -60,6 +66,7 @@ impl Mode {
             Mode::Ipvs => "`--mode ipvs --iptables-backend nft`",
             Mode::Nftables => "`--mode nftables` (netlink)",
             Mode::Iptables => "`--mode iptables --iptables-backend nft`",
+            Mode::IptablesLegacy => "`--mode iptables --iptables-backend legacy`",
         }
     }
 
@@ -67,7 +74,7 @@ impl Mode {
         Mode::ALL
             .into_iter()
             .find(|mode| mode.name() == name)
-            .with_context(|| format!("unknown mode {name:?} (ipvs, nftables, iptables)"))
+            .with_context(|| format!("unknown mode {name:?} (ipvs, nftables, iptables, iptables-legacy)"))
     }
 }
 
@@ -177,8 +184,9 @@ fn measure_in(lab: &Lab, mode: Mode, options: Options, stop: Arc<AtomicBool>) ->
                 let mut backend = NftablesBackend::new(NftNetlink::in_network_namespace(&node)?);
                 program(&mut backend, mode, &mut state, &mut plan, options, |_| Vec::new())
             }
-            Mode::Iptables => {
-                let mut backend = IptablesBackend::new(IptablesCli::new(Variant::Nft));
+            Mode::Iptables | Mode::IptablesLegacy => {
+                let variant = if mode == Mode::Iptables { Variant::Nft } else { Variant::Legacy };
+                let mut backend = IptablesBackend::new(IptablesCli::new(variant));
                 program(&mut backend, mode, &mut state, &mut plan, options, |_| Vec::new())
             }
         }
@@ -239,11 +247,12 @@ fn check_programmed(mode: Mode, services: usize, moved: &[(usize, IpAddr)]) -> a
             }
             Ok(format!("{virtual_services} virtual services, {real_servers} real servers"))
         }
-        Mode::Nftables | Mode::Iptables => {
+        Mode::Nftables | Mode::Iptables | Mode::IptablesLegacy => {
             let (program, args): (&str, &[&str]) = match mode {
                 // Every table of the family: the mode spreads large plans over several
                 // (`svcplane`, `svcplane-1`, ...).
                 Mode::Nftables => ("nft", &["list", "ruleset", "ip"]),
+                Mode::IptablesLegacy => ("iptables-legacy-save", &["-t", "nat"]),
                 _ => ("iptables-nft-save", &["-t", "nat"]),
             };
             let output = Command::new(program).args(args).output().with_context(|| format!("running {program}"))?;
