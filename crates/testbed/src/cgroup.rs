@@ -70,11 +70,11 @@ fn write(path: &Path, text: &str, what: &'static str) -> Result<(), CgroupError>
     std::fs::write(path, text).map_err(fail(path, what))
 }
 
-/// Removes a cgroup directory, retrying while the kernel still counts a thread that just
-/// exited.
-fn remove_dir_patiently(path: &Path) -> Result<(), CgroupError> {
+/// Removes a cgroup directory, retrying for up to `patience` while the kernel still counts
+/// a thread that just exited.
+fn remove_dir_patiently(path: &Path, patience: Duration) -> Result<(), CgroupError> {
     let mut last = None;
-    for _ in 0..50 {
+    for _ in 0..patience.as_millis().div_ceil(20).max(1) {
         match std::fs::remove_dir(path) {
             Ok(()) => return Ok(()),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -136,7 +136,10 @@ fn release_domain() {
         eprintln!("svcplane-testbed: {error}");
         return;
     }
-    if let Err(error) = remove_dir_patiently(&domain.path) {
+    // Longer than a node's: no later sweep removes the domain of a run's last test process.
+    // Loaded CI runs have left an empty domain behind now and then; a removal that gave up
+    // while the kernel still counted an exited thread is the likeliest cause.
+    if let Err(error) = remove_dir_patiently(&domain.path, Duration::from_secs(10)) {
         eprintln!("svcplane-testbed: {error}");
     }
 }
@@ -179,7 +182,7 @@ impl NodeCgroups {
         self.released = true;
         let mut first_error = None;
         for (_, path) in &self.nodes {
-            if let Err(error) = remove_dir_patiently(path) {
+            if let Err(error) = remove_dir_patiently(path, Duration::from_secs(1)) {
                 first_error.get_or_insert(error);
             }
         }
