@@ -4,7 +4,9 @@
 //! A sync reads the namespace's sets (`ipset save`), and sends only the difference: sets
 //! that are missing are created, members that are gone are deleted and members that are new
 //! added, sets of ours no longer wanted are destroyed (after the rules stopped naming them).
-//! The difference goes in one `ipset restore`; when it fails part-way, every set it touched
+//! A difference that only adds and deletes members of sets that exist (an endpoint change,
+//! once the sets are there) goes over netlink (`svcplane_ipvs::ipset`), with no process;
+//! any other goes in one `ipset restore`. When either fails part-way, every set it touched
 //! is put back as it was before the sync, each built whole in a temporary set and swapped
 //! in (`ipset swap` is atomic), so a failed sync leaves the sets as they were.
 
@@ -15,6 +17,7 @@ use std::process::{Command, Stdio};
 
 use ipnet::IpNet;
 use svcplane_core::{IpFamily, Protocol};
+use svcplane_ipvs::ipset::{Entry, IpSets, MemberChange, Operation};
 
 /// The longest name the kernel takes (`IPSET_MAXNAMELEN` less the terminator); longer
 /// names are cut, as upstream cuts its IPv6 names.
@@ -172,6 +175,54 @@ pub struct Changes {
     pub stale: Vec<String>,
     /// Members added or removed, sets created.
     pub operations: usize,
+    /// The deletions and additions of `script` in the kernel's terms, for netlink; when it
+    /// holds fewer changes than `script` has lines, `script` goes to `ipset restore`.
+    pub members: Vec<MemberChange>,
+}
+
+/// `member` of a set of `set_type` in the kernel's terms (`None` when it is not spelled as
+/// this mode spells members of that type).
+pub fn entry(set_type: SetType, member: &str) -> Option<Entry> {
+    fn address_and_prefix(text: &str) -> Option<(IpAddr, Option<u8>)> {
+        match text.split_once('/') {
+            Some((address, prefix)) => Some((address.parse().ok()?, Some(prefix.parse().ok()?))),
+            None => Some((text.parse().ok()?, None)),
+        }
+    }
+    fn protocol_and_port(text: &str) -> Option<(Protocol, u16)> {
+        let (protocol, port) = text.split_once(':')?;
+        let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp].into_iter().find(|p| p.as_str() == protocol)?;
+        Some((protocol, port.parse().ok()?))
+    }
+    let parts: Vec<&str> = member.split(',').collect();
+    match (set_type, parts.as_slice()) {
+        (SetType::BitmapPort, [port]) => Some(Entry { port: Some(port.parse().ok()?), ..Entry::default() }),
+        (SetType::HashNet, [net]) => {
+            let (address, prefix) = address_and_prefix(net)?;
+            Some(Entry { address: Some(address), prefix, ..Entry::default() })
+        }
+        (SetType::HashIpPort | SetType::HashIpPortIp | SetType::HashIpPortNet, [address, protocol_port, rest @ ..]) => {
+            let (protocol, port) = protocol_and_port(protocol_port)?;
+            let mut entry = Entry {
+                address: Some(address.parse().ok()?),
+                protocol: Some(protocol),
+                port: Some(port),
+                ..Entry::default()
+            };
+            match (set_type, rest) {
+                (SetType::HashIpPort, []) => {}
+                (SetType::HashIpPortIp, [source]) => entry.address2 = Some(source.parse().ok()?),
+                (SetType::HashIpPortNet, [net]) => {
+                    let (address, prefix) = address_and_prefix(net)?;
+                    entry.address2 = Some(address);
+                    entry.prefix2 = prefix;
+                }
+                _ => return None,
+            }
+            Some(entry)
+        }
+        _ => None,
+    }
 }
 
 /// The temporary set a rollback builds into (the name cut to fit).
@@ -202,6 +253,13 @@ pub fn changes(
                 out.operations += removed.len() + added.len();
                 out.script.extend(removed.iter().map(|member| format!("del {name} {member}")));
                 out.script.extend(added.iter().map(|member| format!("add {name} {member}")));
+                let operations = removed.iter().map(|member| (Operation::Delete, member));
+                out.members.extend(operations.chain(added.iter().map(|member| (Operation::Add, member))).filter_map(
+                    |(operation, member)| {
+                        let entry = entry(set.set_type, member)?;
+                        Some(MemberChange { set: name.clone(), operation, entry })
+                    },
+                ));
                 let temporary = temporary_name(name);
                 out.rollback.push(format!("create {temporary} {} {}", saved.set_type, saved.header));
                 out.rollback.extend(saved.members.iter().map(|member| format!("add {temporary} {member}")));
@@ -247,9 +305,13 @@ fn restore_text(lines: &[String]) -> String {
     text
 }
 
-/// Runs `ipset` in the calling thread's network namespace.
-#[derive(Debug, Clone, Default)]
-pub struct IpsetCli;
+/// Writes the sets of the calling thread's network namespace: members of existing sets
+/// over netlink, everything else with the `ipset` program.
+#[derive(Debug, Default)]
+pub struct IpsetCli {
+    /// Opened at the first member change, in the namespace of the thread that syncs.
+    netlink: Option<IpSets>,
+}
 
 impl IpsetCli {
     /// Every set of the namespace, with its members.
@@ -286,15 +348,55 @@ impl IpsetCli {
     }
 
     /// Applies `changes` (but the stale sets): when the difference fails, the sets it
-    /// touched are rebuilt as they were, and the error says what failed.
-    pub fn apply(&self, changes: &Changes) -> Result<(), String> {
+    /// touched are put back as they were, and the error says what failed.
+    pub fn apply(&mut self, changes: &Changes) -> Result<(), String> {
+        let members_only = !changes.script.is_empty() && changes.members.len() == changes.script.len();
+        if members_only && let Some(written) = self.write_members(changes) {
+            return written;
+        }
         match self.restore(&changes.script) {
             Ok(()) => Ok(()),
-            Err(error) => match self.restore(&changes.rollback) {
-                Ok(()) => Err(format!("{error} (the sets are as they were before this sync)")),
-                Err(rollback) => Err(format!("{error}; putting the sets back failed too: {rollback}")),
-            },
+            Err(error) => self.roll_back(changes, error),
         }
+    }
+
+    /// Rebuilds every set `changes` touched as it was (each in a temporary set, swapped in).
+    fn roll_back(&self, changes: &Changes, error: String) -> Result<(), String> {
+        match self.restore(&changes.rollback) {
+            Ok(()) => Err(format!("{error} (the sets are as they were before this sync)")),
+            Err(rollback) => Err(format!("{error}; putting the sets back failed too: {rollback}")),
+        }
+    }
+
+    /// Adds and deletes the members of `changes` over netlink; `None` when no netlink
+    /// socket can be opened (then `ipset restore` writes them: it opens its own socket and
+    /// reports its own error if it cannot either). When the kernel refuses a member (a set
+    /// deleted behind this mode's back), every change it made is taken back over netlink,
+    /// so the sets that exist are as they were; the next sync reads the kernel again.
+    fn write_members(&mut self, changes: &Changes) -> Option<Result<(), String>> {
+        if self.netlink.is_none() {
+            self.netlink = Some(IpSets::new().ok()?);
+        }
+        let socket = self.netlink.as_mut().expect("opened above");
+        let refused = match socket.try_each(&changes.members) {
+            Ok(refused) if refused.is_empty() => return Some(Ok(())),
+            Ok(refused) => refused,
+            Err(error) => {
+                // What the kernel took is unknown: the next sync opens another socket.
+                self.netlink = None;
+                return Some(self.roll_back(changes, error.to_string()));
+            }
+        };
+        let refused_at: Vec<usize> = refused.iter().map(|(number, _)| *number).collect();
+        let first = refused.into_iter().next().map(|(_, error)| error.to_string()).expect("not empty");
+        let undone = socket.try_each(&svcplane_ipvs::ipset::undo(&changes.members, &refused_at));
+        Some(match undone {
+            Ok(_) => Err(format!("{first} (what the kernel took of this change was taken back)")),
+            Err(error) => {
+                self.netlink = None;
+                self.roll_back(changes, format!("{first}; taking the change back: {error}"))
+            }
+        })
     }
 
     /// Destroys `names` (sets no rule names any more).
@@ -307,6 +409,15 @@ impl IpsetCli {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `ipset restore` line of a member change.
+    fn restore_line(change: &MemberChange) -> String {
+        let verb = match change.operation {
+            Operation::Add => "add",
+            Operation::Delete => "del",
+        };
+        format!("{verb} {} {}", change.set, change.entry)
+    }
 
     const SAVED: &str = "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x1\n\
 add KUBE-CLUSTER-IP 198.19.0.10,tcp:80\n\
@@ -386,6 +497,45 @@ create other hash:ip family inet hashsize 1024 maxelem 65536\n";
         let wanted = BTreeMap::from([("KUBE-CLUSTER-IP".to_owned(), cluster)]);
         let changes = changes(&current, &wanted, |name| name == "KUBE-CLUSTER-IP");
         assert!(changes.script.is_empty() && changes.rollback.is_empty() && changes.stale.is_empty());
+    }
+
+    #[test]
+    fn a_difference_of_members_of_existing_sets_is_also_spelled_for_netlink_and_a_creation_is_not() {
+        let current = parse_save(SAVED);
+        let mut cluster = IpSet::new(SetType::HashIpPort, IpFamily::V4);
+        cluster.members.insert(ip_port("198.19.0.10".parse().unwrap(), Protocol::Tcp, 80));
+        cluster.members.insert(ip_port("198.19.0.12".parse().unwrap(), Protocol::Sctp, 80));
+        let mut wanted = BTreeMap::from([("KUBE-CLUSTER-IP".to_owned(), cluster)]);
+        let members_only = changes(&current, &wanted, |name| name == "KUBE-CLUSTER-IP");
+        assert_eq!(members_only.members.len(), members_only.script.len());
+        let lines: Vec<String> = members_only.members.iter().map(restore_line).collect();
+        assert_eq!(lines, members_only.script, "each netlink change is the restore line it stands for");
+        assert_eq!(members_only.members[0].operation, Operation::Delete);
+
+        wanted.insert("KUBE-6-CLUSTER-IP".to_owned(), IpSet::new(SetType::HashIpPort, IpFamily::V6));
+        let with_creation = changes(&current, &wanted, |name| name.starts_with("KUBE-"));
+        assert!(with_creation.members.len() < with_creation.script.len(), "a new set goes to ipset restore");
+    }
+
+    #[test]
+    fn every_member_this_mode_spells_reads_back_as_the_kernels_parts() {
+        let spelled = [
+            (SetType::HashIpPort, "198.19.0.10,tcp:80"),
+            (SetType::HashIpPort, "2001:db8:f::a,udp:53"),
+            (SetType::HashIpPortIp, "198.18.1.2,sctp:8080,198.18.1.2"),
+            (SetType::HashIpPortNet, "198.18.200.1,tcp:80,198.18.64.0/18"),
+            (SetType::HashIpPortNet, "198.18.200.1,tcp:80,198.18.64.7"),
+            (SetType::HashNet, "2001:db8::/64"),
+            (SetType::HashNet, "198.18.0.100"),
+            (SetType::BitmapPort, "30080"),
+        ];
+        for (set_type, member) in spelled {
+            let entry = entry(set_type, member).unwrap_or_else(|| panic!("{member} reads as a {set_type:?} member"));
+            assert_eq!(entry.to_string(), member);
+        }
+        assert_eq!(entry(SetType::HashIpPort, "198.19.0.10,icmp:0"), None);
+        assert_eq!(entry(SetType::HashIpPortIp, "198.19.0.10,tcp:80"), None, "no source address");
+        assert_eq!(entry(SetType::BitmapPort, "198.19.0.10"), None);
     }
 
     #[test]

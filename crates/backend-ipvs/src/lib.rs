@@ -302,7 +302,7 @@ impl IpvsBackend {
         IpvsBackend {
             config,
             iptables: None,
-            ipset: ipset::IpsetCli,
+            ipset: ipset::IpsetCli::default(),
             conntrack_enabled: false,
             strict_arp_set: false,
             ipvs: None,
@@ -457,7 +457,7 @@ impl IpvsBackend {
             self.ipset.apply(&set_changes)?;
             set_changes
         };
-        started = self.phase("ipsets (ipset save, restore)", started);
+        started = self.phase("ipsets (ipset save and restore, or netlink)", started);
         let mut operations = set_changes.operations;
         if rules_unchanged {
             self.written.rules = Some(rendered);

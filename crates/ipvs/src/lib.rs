@@ -16,7 +16,9 @@
 //! service's before looking at its destination); it marks no packet itself. It does not
 //! touch forwarding methods other than masquerading (NAT), ipsets or iptables rules.
 
+mod channel;
 mod interface;
+pub mod ipset;
 mod wire;
 
 pub use interface::{DummyInterface, local_addresses};
@@ -25,9 +27,9 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::IpAddr;
 
-use netlink_sys::Socket;
 use svcplane_net::Protocol;
 
+use channel::Channel;
 use wire::*;
 
 /// What identifies a virtual service: address, protocol, port; or, for a firewall mark
@@ -256,57 +258,11 @@ fn encode_change(family: u16, change: &Change, seq: u32) -> Vec<u8> {
     }
 }
 
-/// The acks of one batch: requests with sequence numbers `first`, `first + 1`, ...
-/// (wrapping), each answered by one `NLMSG_ERROR` (errno 0 for success).
-struct Acks {
-    first: u32,
-    errnos: Vec<Option<i32>>,
-    missing: usize,
-}
-
-impl Acks {
-    fn new(first: u32, count: usize) -> Self {
-        Acks { first, errnos: vec![None; count], missing: count }
-    }
-
-    /// Takes `message` if it is the ack of one of the batch's requests (anything else,
-    /// such as an answer to an earlier request, is ignored).
-    fn record(&mut self, message: &Message<'_>) {
-        if message.msg_type != NLMSG_ERROR {
-            return;
-        }
-        let index = message.seq.wrapping_sub(self.first) as usize;
-        let Some(slot) = self.errnos.get_mut(index) else {
-            return;
-        };
-        if slot.is_none() {
-            let code =
-                message.payload.get(..4).map_or(0, |bytes| i32::from_ne_bytes(bytes.try_into().expect("four bytes")));
-            *slot = Some(-code);
-            self.missing -= 1;
-        }
-    }
-
-    fn complete(&self) -> bool {
-        self.missing == 0
-    }
-
-    /// The first request refused, in the order sent: (index, errno).
-    fn first_refused(&self) -> Option<(usize, i32)> {
-        self.errnos.iter().enumerate().find_map(|(index, errno)| match errno {
-            Some(errno) if *errno != 0 => Some((index, *errno)),
-            _ => None,
-        })
-    }
-}
-
 /// The kernel's IPVS table in the network namespace the socket was opened in.
 #[derive(Debug)]
 pub struct Ipvs {
-    socket: Socket,
+    channel: Channel,
     family: u16,
-    seq: u32,
-    receive: Vec<u8>,
 }
 
 impl Ipvs {
@@ -314,20 +270,18 @@ impl Ipvs {
     /// the IPVS family. Needs CAP_NET_ADMIN and the `ip_vs` module (the kernel does not
     /// autoload it for generic netlink).
     pub fn new() -> Result<Self, IpvsError> {
-        let mut socket = Socket::new(NETLINK_GENERIC).map_err(IpvsError::Socket)?;
-        socket.bind_auto().map_err(IpvsError::Socket)?;
-        let mut ipvs = Ipvs { socket, family: GENL_ID_CTRL, seq: 1, receive: vec![0; 1 << 16] };
+        let channel = Channel::open(NETLINK_GENERIC).map_err(IpvsError::Socket)?;
+        let mut ipvs = Ipvs { channel, family: GENL_ID_CTRL };
         let seq = ipvs.next_seq();
         let mut request = Request::new(GENL_ID_CTRL, NLM_F_REQUEST | NLM_F_ACK, seq, CTRL_CMD_GETFAMILY, 1);
         request.string(CTRL_ATTR_FAMILY_NAME, IPVS_GENL_NAME);
-        let (replies, errno) = ipvs.request(&request.finish(), seq).map_err(IpvsError::Socket)?;
+        let (replies, errno) = ipvs.channel.request(&request.finish(), seq).map_err(IpvsError::Socket)?;
         ipvs.family = replies.iter().find_map(|reply| family_id(reply)).ok_or(IpvsError::NoFamily { errno })?;
         Ok(ipvs)
     }
 
     fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.seq
+        self.channel.next_seq()
     }
 
     /// Every TCP, UDP and SCTP virtual service, and every firewall mark service.
@@ -336,7 +290,7 @@ impl Ipvs {
         let request =
             Request::new(self.family, NLM_F_REQUEST | NLM_F_DUMP, seq, IPVS_CMD_GET_SERVICE, IPVS_GENL_VERSION);
         let failed = |source| IpvsError::Request { operation: "listing", object: "IPVS services".to_owned(), source };
-        let (replies, errno) = self.request(&request.finish(), seq).map_err(failed)?;
+        let (replies, errno) = self.channel.request(&request.finish(), seq).map_err(failed)?;
         if errno != 0 {
             return Err(failed(io::Error::from_raw_os_error(errno)));
         }
@@ -354,7 +308,7 @@ impl Ipvs {
             object: format!("IPVS service {service}"),
             source,
         };
-        let (replies, errno) = self.request(&request.finish(), seq).map_err(failed)?;
+        let (replies, errno) = self.channel.request(&request.finish(), seq).map_err(failed)?;
         if errno != 0 {
             return Err(failed(io::Error::from_raw_os_error(errno)));
         }
@@ -391,58 +345,23 @@ impl Ipvs {
     /// table again before its next diff.
     pub fn apply(&mut self, changes: &[Change]) -> Result<(), IpvsError> {
         for chunk in changes.chunks(BATCH) {
-            let first = self.seq.wrapping_add(1);
+            let first = self.channel.peek_seq();
             let mut buf = Vec::with_capacity(chunk.len() * 128);
             for change in chunk {
                 let seq = self.next_seq();
                 buf.extend_from_slice(&encode_change(self.family, change, seq));
             }
-            let refused = self.acknowledged_batch(&buf, first, chunk.len()).map_err(|source| {
+            let acks = self.channel.acknowledged_batch(&buf, first, chunk.len()).map_err(|source| {
                 let (operation, object) = describe(&chunk[0]);
                 let object = if chunk.len() > 1 { format!("{object} and {} more", chunk.len() - 1) } else { object };
                 IpvsError::Request { operation, object, source }
             })?;
-            if let Some((index, errno)) = refused {
+            if let Some((index, errno)) = acks.first_refused() {
                 let (operation, object) = describe(&chunk[index]);
                 return Err(IpvsError::Request { operation, object, source: io::Error::from_raw_os_error(errno) });
             }
         }
         Ok(())
-    }
-
-    /// Sends `buf` (`count` requests with sequence numbers from `first`, each asking for an
-    /// ack) and reads every ack; the first request refused, as (index, errno).
-    /// Sends `buf` as one datagram; a short send is an error.
-    fn send_whole(&mut self, buf: &[u8]) -> io::Result<()> {
-        let sent = self.socket.send(buf, 0)?;
-        if sent != buf.len() {
-            return Err(io::Error::other(format!("netlink sent {sent} of {} bytes", buf.len())));
-        }
-        Ok(())
-    }
-
-    /// Receives one datagram into `self.receive` (retrying an interrupted call) and returns
-    /// how many of its bytes the buffer holds.
-    fn receive_some(&mut self) -> io::Result<usize> {
-        loop {
-            match self.socket.recv(&mut &mut self.receive[..], 0) {
-                Ok(len) => return Ok(len.min(self.receive.len())),
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(error),
-            }
-        }
-    }
-
-    fn acknowledged_batch(&mut self, buf: &[u8], first: u32, count: usize) -> io::Result<Option<(usize, i32)>> {
-        self.send_whole(buf)?;
-        let mut acks = Acks::new(first, count);
-        while !acks.complete() {
-            let len = self.receive_some()?;
-            for message in messages(&self.receive[..len]) {
-                acks.record(&message);
-            }
-        }
-        Ok(acks.first_refused())
     }
 
     /// Sets the TCP, TCP FIN and UDP connection timeouts (`ipvsadm --set`).
@@ -459,7 +378,7 @@ impl Ipvs {
     }
 
     fn acknowledged(&mut self, buf: &[u8], seq: u32, operation: &'static str, object: String) -> Result<(), IpvsError> {
-        match self.request(buf, seq) {
+        match self.channel.request(buf, seq) {
             Ok((_, 0)) => Ok(()),
             Ok((_, errno)) => {
                 Err(IpvsError::Request { operation, object, source: io::Error::from_raw_os_error(errno) })
@@ -467,36 +386,12 @@ impl Ipvs {
             Err(source) => Err(IpvsError::Request { operation, object, source }),
         }
     }
-
-    /// Sends one request and collects the payloads answering it until its ack, error or
-    /// dump end; returns them with the errno (0 for success).
-    fn request(&mut self, buf: &[u8], seq: u32) -> io::Result<(Vec<Vec<u8>>, i32)> {
-        self.send_whole(buf)?;
-        let mut replies = Vec::new();
-        loop {
-            let len = self.receive_some()?;
-            for message in messages(&self.receive[..len]) {
-                if message.seq != seq {
-                    continue;
-                }
-                match message.msg_type {
-                    NLMSG_ERROR | NLMSG_DONE => {
-                        let code = message
-                            .payload
-                            .get(..4)
-                            .map_or(0, |bytes| i32::from_ne_bytes(bytes.try_into().expect("four bytes")));
-                        return Ok((replies, -code));
-                    }
-                    _ => replies.push(message.payload.to_vec()),
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::channel::Acks;
 
     fn key(port: u16) -> ServiceKey {
         ServiceKey::new("198.19.0.10".parse().unwrap(), Protocol::Tcp, port)

@@ -13,12 +13,14 @@ use crate::{Destination, Service, ServiceKey};
 
 // linux/netlink.h
 pub(crate) const NETLINK_GENERIC: isize = 16;
+pub(crate) const NETLINK_NETFILTER: isize = 12;
 pub(crate) const NLMSG_ERROR: u16 = 2;
 pub(crate) const NLMSG_DONE: u16 = 3;
 pub(crate) const NLM_F_REQUEST: u16 = 0x1;
 pub(crate) const NLM_F_ACK: u16 = 0x4;
 pub(crate) const NLM_F_DUMP: u16 = 0x300;
 const NLA_F_NESTED: u16 = 0x8000;
+pub(crate) const NLA_F_NET_BYTEORDER: u16 = 0x4000;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 
 // linux/genetlink.h
@@ -95,6 +97,13 @@ impl Request {
         Request { buf, nests: Vec::new() }
     }
 
+    /// A netfilter (nfnetlink) request: the message type is the subsystem and its command,
+    /// and the four bytes after the netlink header are `struct nfgenmsg` (family, version
+    /// `NFNETLINK_V0`, resource id 0), laid out as a generic netlink header is.
+    pub(crate) fn netfilter(subsystem: u8, command: u8, flags: u16, seq: u32, family: u8) -> Self {
+        Request::new(u16::from(subsystem) << 8 | u16::from(command), flags, seq, family, 0)
+    }
+
     pub(crate) fn attr(&mut self, kind: u16, value: &[u8]) -> &mut Self {
         let len = 4 + value.len();
         self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
@@ -102,6 +111,10 @@ impl Request {
         self.buf.extend_from_slice(value);
         self.buf.resize(align(self.buf.len()), 0);
         self
+    }
+
+    pub(crate) fn u8(&mut self, kind: u16, value: u8) -> &mut Self {
+        self.attr(kind, &[value])
     }
 
     pub(crate) fn u16(&mut self, kind: u16, value: u16) -> &mut Self {
@@ -185,7 +198,7 @@ fn family_of(address: IpAddr) -> u16 {
     if address.is_ipv4() { AF_INET } else { AF_INET6 }
 }
 
-fn protocol_number(protocol: Protocol) -> u16 {
+pub(crate) fn protocol_number(protocol: Protocol) -> u16 {
     match protocol {
         Protocol::Tcp => IPPROTO_TCP,
         Protocol::Udp => IPPROTO_UDP,
