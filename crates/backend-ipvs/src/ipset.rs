@@ -362,6 +362,9 @@ impl IpsetCli {
 
     /// Rebuilds every set `changes` touched as it was (each in a temporary set, swapped in).
     fn roll_back(&self, changes: &Changes, error: String) -> Result<(), String> {
+        if changes.rollback.is_empty() {
+            return Err(format!("{error} (nothing to put back: the next sync reads the sets again)"));
+        }
         match self.restore(&changes.rollback) {
             Ok(()) => Err(format!("{error} (the sets are as they were before this sync)")),
             Err(rollback) => Err(format!("{error}; putting the sets back failed too: {rollback}")),

@@ -34,6 +34,7 @@
 
 pub mod applied;
 pub mod fwmark;
+pub mod hairpin;
 pub mod ipset;
 pub mod rules;
 
@@ -289,6 +290,11 @@ struct Written {
     sets: Option<BTreeMap<String, ipset::IpSet>>,
     /// Per family, the nat and filter tables as rendered for `iptables-restore`.
     rules: Option<Vec<String>>,
+    /// The node addresses the sets and rules were written for (NodePorts answer there).
+    node_addresses: Option<Vec<IpAddr>>,
+    /// The hairpin members of the plan the sets were written for, counted: an endpoint
+    /// change moves them without spelling the rest.
+    hairpins: Option<hairpin::HairpinCounts>,
 }
 
 impl IpvsBackend {
@@ -403,13 +409,78 @@ impl IpvsBackend {
 
     /// Writes the sets and the rules of both families and hooks the rules in where
     /// missing: sets first (the rules name them), sets no longer wanted last.
-    fn sync_rules(&mut self, plan: &NodePlan, node_addresses: &[IpAddr]) -> Result<usize, DataplaneError> {
+    fn sync_rules(
+        &mut self,
+        plan: &NodePlan,
+        diff: &PlanDiff,
+        node_addresses: &[IpAddr],
+    ) -> Result<usize, DataplaneError> {
         let Some(mut iptables) = self.iptables.take() else {
             return Ok(0);
         };
+        let started = Instant::now();
+        if let Some(operations) = self.move_hairpins(plan, diff, node_addresses) {
+            self.iptables = Some(iptables);
+            self.phase("hairpin set members (netlink)", started);
+            return operations;
+        }
         let result = self.write_rules(&mut iptables, plan, node_addresses);
+        if result.is_ok() {
+            self.written.node_addresses = Some(node_addresses.to_vec());
+            self.written.hairpins = Some(hairpin::HairpinCounts::of_plan(plan));
+        }
         self.iptables = Some(iptables);
         result
+    }
+
+    /// An endpoint change: when the sets and rules were written for the plan before `diff`
+    /// and nothing but hairpin members changed, moves those members (over netlink) and
+    /// nothing else; `None` when the whole plan has to be spelled.
+    fn move_hairpins(
+        &mut self,
+        plan: &NodePlan,
+        diff: &PlanDiff,
+        node_addresses: &[IpAddr],
+    ) -> Option<Result<usize, DataplaneError>> {
+        if diff.is_empty()
+            || self.written.rules.is_none()
+            || self.written.node_addresses.as_deref() != Some(node_addresses)
+        {
+            return None;
+        }
+        let sets = self.written.sets.as_mut()?;
+        let moves = self.written.hairpins.as_mut()?.step(plan, diff)?;
+        if moves.is_empty() {
+            return Some(Ok(0));
+        }
+        let mut changes = ipset::Changes::default();
+        for (name, member, operation) in moves {
+            // The hairpin sets are always written, and their members spelled as they are
+            // read: were either not so, the record is forgotten and the next sync spells all.
+            let Some(set) = sets.get_mut(&name) else {
+                self.written = Written { addresses: self.written.addresses.take(), ..Written::default() };
+                return None;
+            };
+            let Some(entry) = ipset::entry(set.set_type, &member) else {
+                self.written = Written { addresses: self.written.addresses.take(), ..Written::default() };
+                return None;
+            };
+            match operation {
+                svcplane_ipvs::ipset::Operation::Add => set.members.insert(member.clone()),
+                svcplane_ipvs::ipset::Operation::Delete => set.members.remove(&member),
+            };
+            let verb = if operation == svcplane_ipvs::ipset::Operation::Add { "add" } else { "del" };
+            changes.script.push(format!("{verb} {name} {member}"));
+            changes.members.push(svcplane_ipvs::ipset::MemberChange { set: name, operation, entry });
+        }
+        changes.operations = changes.members.len();
+        let operations = changes.operations;
+        // No rollback script: a failure forgets what was written, so the next sync reads
+        // the kernel's sets (`ipset save`) and writes the difference.
+        Some(self.ipset.apply(&changes).map(|()| operations).map_err(|error| {
+            self.written = Written { addresses: self.written.addresses.take(), ..Written::default() };
+            DataplaneError::from(error)
+        }))
     }
 
     fn write_rules(
@@ -677,7 +748,7 @@ impl Dataplane for IpvsBackend {
             operations
         };
         self.phase("kube-ipvs0 addresses", started);
-        let rule_operations = self.sync_rules(plan, &node_addresses)?;
+        let rule_operations = self.sync_rules(plan, diff, &node_addresses)?;
         let started = Instant::now();
         let changes = step.changes.len();
         let (full, service_ports) = (step.full, step.service_ports);

@@ -318,14 +318,11 @@ pub fn family_rules(plan: &NodePlan, family: IpFamily, node_port_addresses: &[Ip
                 }
             }
         }
-        if port.masquerade_hairpin {
-            // Hairpin: a pod that IPVS sent to itself is masqueraded, or its reply would
-            // bypass the node. After IPVS, the packet's source and destination are that
-            // endpoint.
-            let set = builder.set(&loop_back, SetType::HashIpPortIp);
-            for endpoint in port.cluster_endpoints.iter().chain(&port.local_endpoints) {
-                set.members.insert(ipset::ip_port_ip(endpoint.ip(), port.protocol, endpoint.port(), endpoint.ip()));
-            }
+        // Hairpin: a pod that IPVS sent to itself is masqueraded, or its reply would
+        // bypass the node. After IPVS, the packet's source and destination are that
+        // endpoint.
+        for (set, member) in crate::hairpin::members(port) {
+            builder.set(&set, SetType::HashIpPortIp).members.insert(member);
         }
         for frontend in &port.frontends {
             if !frontend.routes.is_empty() {
