@@ -111,12 +111,13 @@ mod tests {
     use std::net::IpAddr;
 
     use svcplane_core::{
-        Change, ClusterState, Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, NodeConfig,
-        NodePortAddresses, Protocol, Service, ServicePort,
+        Change, ClusterState, Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, Protocol, Service,
+        ServicePort,
     };
 
     use super::*;
     use crate::rules;
+    use crate::rules::tests::config;
 
     /// `web{index}` on 198.19.0.{index}:80, its slice's endpoints 198.18.128.{last}:8080.
     fn apply_service(state: &mut ClusterState, index: u8, endpoints: &[u8]) {
@@ -138,15 +139,6 @@ mod tests {
                 .map(|last| Endpoint::ready(IpAddr::from([198, 18, 128, *last]), Some("node2")))
                 .collect(),
         }));
-    }
-
-    fn config() -> NodeConfig {
-        NodeConfig {
-            node_name: "node1".into(),
-            node_ips: vec!["198.18.0.11".parse().unwrap()],
-            cluster_cidrs: vec!["198.18.128.0/17".parse().unwrap()],
-            node_port_addresses: NodePortAddresses::AllLocal,
-        }
     }
 
     fn loop_back(plan: &NodePlan) -> BTreeSet<String> {

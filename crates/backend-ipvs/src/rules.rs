@@ -457,7 +457,7 @@ pub fn hook_rule(chain: &str) -> Rule {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use svcplane_core::{
         Change, ClusterState, Endpoint, EndpointPort, EndpointSlice, NamespacedName, NodeConfig, NodePortAddresses,
         Service, ServicePort, ServiceType, TrafficPolicy,
@@ -465,7 +465,8 @@ mod tests {
 
     use super::*;
 
-    fn config() -> NodeConfig {
+    /// node1 at 198.18.0.11, pods in 198.18.128.0/17 (other modules' tests plan for it too).
+    pub(crate) fn config() -> NodeConfig {
         NodeConfig {
             node_name: "node1".into(),
             node_ips: vec!["198.18.0.11".parse().unwrap()],

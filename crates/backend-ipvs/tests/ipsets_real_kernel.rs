@@ -3,36 +3,10 @@
 //! network namespace it creates and deletes, on a thread inside it.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
 use svcplane_backend_ipvs::ipset::{self, IpSet, IpsetCli, SetType};
 use svcplane_core::{IpFamily, Protocol};
-
-struct Namespace(String);
-
-impl Namespace {
-    fn create(test: &str) -> Self {
-        let name = format!("svcp-ipsets-{}-{test}", std::process::id());
-        let status = Command::new("ip").args(["netns", "add", &name]).status().expect("running ip netns add");
-        assert!(status.success(), "ip netns add {name}: {status}");
-        Namespace(name)
-    }
-
-    fn run<T: Send>(&self, work: impl FnOnce() -> T + Send) -> T {
-        svcplane_testbed::run_in_namespace(&self.0, work).expect("entering the namespace")
-    }
-
-    fn ipset(&self, args: &[&str]) {
-        let status = Command::new("ip").args(["netns", "exec", &self.0, "ipset"]).args(args).status().expect("ipset");
-        assert!(status.success(), "ipset {args:?}: {status}");
-    }
-}
-
-impl Drop for Namespace {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
+use svcplane_testbed::ScratchNamespace as Namespace;
 
 fn hairpin(last: u8) -> String {
     let address = format!("198.18.1.{last}").parse().unwrap();
@@ -69,7 +43,7 @@ fn an_endpoint_change_reaches_existing_sets_over_netlink_and_a_failed_one_puts_t
     if !svcplane_testbed::can_run_real_kernel_tests(test) {
         return;
     }
-    let namespace = Namespace::create("sync");
+    let namespace = Namespace::create("ipsets-sync");
     let mut writer = IpsetCli::default();
 
     let first = wanted(&["198.19.0.10,tcp:80"], &[2, 3]);
@@ -81,7 +55,7 @@ fn an_endpoint_change_reaches_existing_sets_over_netlink_and_a_failed_one_puts_t
 
     // A set deleted behind the writer's back: the netlink change is refused, the error names
     // the member and the set, and the sets the change touched are as they were before it.
-    namespace.ipset(&["destroy", "KUBE-CLUSTER-IP"]);
+    namespace.output("ipset", &["destroy", "KUBE-CLUSTER-IP"]);
     let stale_view = namespace.run(|| {
         let mut current = writer.save().expect("ipset save");
         current.insert("KUBE-CLUSTER-IP".to_owned(), first["KUBE-CLUSTER-IP"].as_saved());

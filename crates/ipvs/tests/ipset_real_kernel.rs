@@ -2,27 +2,20 @@
 //! has it, unlike `ip_vs`). Each test runs in a network namespace it creates and deletes; the
 //! sets are created and read back with the `ipset` program inside it.
 
-use std::process::Command;
-
 use svcplane_ipvs::ipset::{Entry, IpSets, MemberChange, Operation};
 use svcplane_net::Protocol;
+use svcplane_testbed::ScratchNamespace;
 
-/// A network namespace made for the test and deleted on drop.
-struct Namespace(String);
+/// The test's namespace, with the `ipset` program and the set writer inside it.
+struct Namespace(ScratchNamespace);
 
 impl Namespace {
     fn create(test: &str) -> Self {
-        let name = format!("svcp-ipset-{}-{test}", std::process::id());
-        let status = Command::new("ip").args(["netns", "add", &name]).status().expect("running ip netns add");
-        assert!(status.success(), "ip netns add {name}: {status}");
-        Namespace(name)
+        Namespace(ScratchNamespace::create(&format!("ipset-{test}")))
     }
 
     fn ipset(&self, args: &[&str]) -> String {
-        let output =
-            Command::new("ip").args(["netns", "exec", &self.0, "ipset"]).args(args).output().expect("running ipset");
-        assert!(output.status.success(), "ipset {args:?}: {}", String::from_utf8_lossy(&output.stderr));
-        String::from_utf8(output.stdout).expect("ipset prints text")
+        self.0.output("ipset", args)
     }
 
     /// The members of `set`, as `ipset save` lists them, sorted.
@@ -37,13 +30,7 @@ impl Namespace {
     }
 
     fn apply(&self, changes: &[MemberChange]) -> Result<(), svcplane_ipvs::IpvsError> {
-        svcplane_testbed::run_in_namespace(&self.0, || IpSets::new()?.apply(changes)).expect("entering the namespace")
-    }
-}
-
-impl Drop for Namespace {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        self.0.run(|| IpSets::new()?.apply(changes))
     }
 }
 

@@ -36,7 +36,7 @@ pub use lab::{
     Client, DEFAULT_COMMAND_TIMEOUT, ECHO_START_TIMEOUT, Lab, LabBuilder, LabError, Node, OUTSIDE_INTERFACE, Pod,
 };
 pub use load::{Load, LoadReport, LoadSpec};
-pub use namespace::{NamespaceError, run_in_namespace, run_in_namespace_within};
+pub use namespace::{NamespaceError, ScratchNamespace, run_in_namespace, run_in_namespace_within};
 pub use probe::{
     EchoReply, ProbeError, ProbeErrorKind, Protocol, tcp_request, tcp_request_in, udp_request, udp_request_in,
 };

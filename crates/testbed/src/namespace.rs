@@ -138,3 +138,48 @@ pub fn kill_processes_in(namespaces: &[String]) -> Vec<i32> {
     }
     killed
 }
+
+/// An empty network namespace for one test (`ip netns add`), deleted on drop: for tests
+/// that need a kernel of their own but no lab (no nodes, links or addresses).
+#[derive(Debug)]
+pub struct ScratchNamespace {
+    name: String,
+}
+
+impl ScratchNamespace {
+    /// `svcp-<purpose>-<pid>`; panics when it cannot be made (tests run as root).
+    pub fn create(purpose: &str) -> Self {
+        let name = format!("svcp-{purpose}-{}", std::process::id());
+        let status =
+            std::process::Command::new("ip").args(["netns", "add", &name]).status().expect("running ip netns add");
+        assert!(status.success(), "ip netns add {name}: {status}");
+        ScratchNamespace { name }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `work` on a thread inside the namespace (see [`run_in_namespace`]).
+    pub fn run<T: Send>(&self, work: impl FnOnce() -> T + Send) -> T {
+        run_in_namespace(&self.name, work).expect("entering the test's namespace")
+    }
+
+    /// Runs `program` with `args` inside the namespace and returns its standard output;
+    /// panics, with its standard error, when it fails.
+    pub fn output(&self, program: &str, args: &[&str]) -> String {
+        let output = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.name, program])
+            .args(args)
+            .output()
+            .unwrap_or_else(|error| panic!("running {program}: {error}"));
+        assert!(output.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+}
+
+impl Drop for ScratchNamespace {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
