@@ -392,7 +392,7 @@ impl DeltaState {
         }
         problems.extend(self.load_balancer_problems.iter().cloned());
         for errors in self.convert_errors.values() {
-            let origin = errors.first().and_then(|e| store.position_of(&e.object)).cloned();
+            let origin = errors.first().and_then(|e| store.position_of(&e.object));
             for error in errors {
                 let mut error = error.clone();
                 error.origin.clone_from(&origin);
