@@ -54,10 +54,11 @@ pub(crate) struct DeltaState {
     pods_by_label: HashMap<u64, HashSet<Key>>,
     /// Services with a selector by `(namespace, key, value)` of their selector's first label.
     services_by_selector: HashMap<u64, BTreeSet<Key>>,
-    /// Services as allocated.
-    allocated: HashMap<Key, Service>,
+    /// Services as allocated. Boxed: a `Service` is most of a kilobyte, and a table of
+    /// them inline keeps that much for every empty bucket too.
+    allocated: HashMap<Key, Box<Service>>,
     /// With LoadBalancerIPPools: every allocated Service after load balancer assignment.
-    with_load_balancers: HashMap<Key, Service>,
+    with_load_balancers: HashMap<Key, Box<Service>>,
     /// Services refused by the allocator or the planner, with why.
     refused: BTreeMap<Key, Vec<ControllerError>>,
     load_balancer_problems: Vec<String>,
@@ -205,7 +206,7 @@ impl DeltaState {
                 match result {
                     Ok(filled) => {
                         self.refused.remove(&reference);
-                        self.allocated.insert(reference, filled);
+                        self.allocated.insert(reference, Box::new(filled));
                     }
                     Err(errors) => {
                         self.allocated.remove(&reference);
@@ -222,16 +223,16 @@ impl DeltaState {
             let pools: Vec<LoadBalancerIPPool> = self.pools.values().filter_map(|o| o.as_pool()).cloned().collect();
             let mut references: Vec<Key> = self.allocated.keys().cloned().collect();
             references.sort_unstable();
-            let mut services: Vec<Service> = references.iter().map(|r| self.allocated[r].clone()).collect();
+            let mut services: Vec<Service> = references.iter().map(|r| Service::clone(&self.allocated[r])).collect();
             self.load_balancer_problems =
                 if pools.is_empty() { Vec::new() } else { assign_load_balancers(&pools, &mut services, allocator) };
             let mut with_load_balancers = HashMap::new();
             for (reference, service) in references.into_iter().zip(services) {
-                if self.with_load_balancers.get(&reference).unwrap_or(&self.allocated[&reference]) != &service {
+                if **self.with_load_balancers.get(&reference).unwrap_or(&self.allocated[&reference]) != service {
                     affected.insert(reference.clone());
                 }
                 if !pools.is_empty() {
-                    with_load_balancers.insert(reference, service);
+                    with_load_balancers.insert(reference, Box::new(service));
                 }
             }
             self.with_load_balancers = with_load_balancers;

@@ -311,7 +311,7 @@ impl ManifestStore {
         for ((path, text), plan) in paths.iter().zip(texts.iter()).zip(plans) {
             let old = self.files.remove(path).unwrap_or_default();
             let mut old_definitions = self.take_definitions(path, &old, &mut before);
-            let mut record = FileRecord::default();
+            let mut record = FileRecord { documents: Vec::with_capacity(plan.len()), ..FileRecord::default() };
             if let Err(error) = text {
                 record.errors.push(error.clone());
             }
@@ -416,6 +416,9 @@ impl ManifestStore {
 
     fn insert(&mut self, reference: Key, definition: Definition) {
         let list = self.definitions.entry(reference.clone()).or_default();
+        // Almost every object has one definition: room for exactly one, not the four a
+        // first `insert` makes room for (that was 46 MB of 110k definitions at 10k x 10).
+        list.reserve_exact(1);
         let at = list.partition_point(|d| d.order() < definition.order());
         list.insert(at, definition);
         if list.len() > 1 {
