@@ -20,14 +20,12 @@ use serde::{Deserialize, Deserializer};
 pub(crate) struct PodRecord {
     name: Box<str>,
     namespace: Arc<str>,
-    uid: Option<Box<str>>,
     /// In key order.
     labels: LabelSet,
-    /// Boxed: rare, and a `Time` is larger than a pointer.
-    deletion_timestamp: Option<Box<Time>>,
     node_name: Option<Arc<str>>,
-    hostname: Option<Box<str>>,
-    subdomain: Option<Box<str>>,
+    /// `uid`, `deletionTimestamp`, `hostname`, `subdomain` and named ports, which most
+    /// manifests' Pods do not have: one pointer when none is there.
+    rare: Option<Box<RareFields>>,
     phase: Option<Arc<str>>,
     pod_ip: Option<Box<str>>,
     /// `status.podIPs`, empty when [`Self::pod_ips_is_pod_ip`] (the usual `[podIP]`).
@@ -36,9 +34,24 @@ pub(crate) struct PodRecord {
     pod_ips_is_pod_ip: bool,
     /// A `Ready` condition with status `True`.
     ready: bool,
+}
+
+/// The fields of a [`PodRecord`] most Pods written as manifests leave out.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct RareFields {
+    uid: Option<Box<str>>,
+    deletion_timestamp: Option<Time>,
+    hostname: Option<Box<str>>,
+    subdomain: Option<Box<str>>,
     /// Named container ports of the containers, then of the sidecar init containers
     /// (`restartPolicy: Always`), in order: what a named `targetPort` resolves through.
     ports: Box<[NamedPort]>,
+}
+
+impl RareFields {
+    fn boxed_unless_empty(self) -> Option<Box<Self>> {
+        (self != Self::default()).then(|| Box::new(self))
+    }
 }
 
 /// A named container port: name, protocol as written, number.
@@ -206,12 +219,16 @@ impl PodRecord {
         Self {
             name: name.unwrap_or_default().into_boxed_str(),
             namespace: Arc::from(namespace.unwrap_or_default()),
-            uid: boxed(uid),
             labels: labels.into_iter().flatten().map(|(key, value)| (Arc::from(key), Arc::from(value))).collect(),
-            deletion_timestamp: deletion_timestamp.map(Box::new),
             node_name: spec.node_name.map(Arc::from),
-            hostname: boxed(spec.hostname),
-            subdomain: boxed(spec.subdomain),
+            rare: RareFields {
+                uid: boxed(uid),
+                deletion_timestamp,
+                hostname: boxed(spec.hostname),
+                subdomain: boxed(spec.subdomain),
+                ports: ports.into_boxed_slice(),
+            }
+            .boxed_unless_empty(),
             phase: status.phase.map(Arc::from),
             pod_ip: boxed(status.pod_ip),
             pod_ips: if pod_ips_is_pod_ip {
@@ -221,7 +238,6 @@ impl PodRecord {
             },
             pod_ips_is_pod_ip,
             ready,
-            ports: ports.into_boxed_slice(),
         }
     }
 
@@ -233,18 +249,14 @@ impl PodRecord {
         Self {
             name: Box::from(&*self.name),
             namespace: interner.string(&self.namespace),
-            uid: boxed(&self.uid),
             labels: interner.label_set(&self.labels),
-            deletion_timestamp: self.deletion_timestamp.clone(),
             node_name: self.node_name.as_deref().map(|node| interner.string(node)),
-            hostname: boxed(&self.hostname),
-            subdomain: boxed(&self.subdomain),
+            rare: self.rare.clone(),
             phase: self.phase.as_deref().map(|phase| interner.string(phase)),
             pod_ip: boxed(&self.pod_ip),
             pod_ips: self.pod_ips.iter().map(|ip| Box::from(&**ip)).collect(),
             pod_ips_is_pod_ip: self.pod_ips_is_pod_ip,
             ready: self.ready,
-            ports: self.ports.clone(),
         }
     }
 
@@ -273,7 +285,8 @@ impl PodRecord {
         let shared = |value: &Option<Arc<str>>| value.as_deref().map(str::to_owned);
         let labels: BTreeMap<String, String> =
             self.labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect();
-        let ports: Vec<ContainerPort> = self
+        let rare = self.rare.as_deref().cloned().unwrap_or_default();
+        let ports: Vec<ContainerPort> = rare
             .ports
             .iter()
             .map(|(name, protocol, port)| ContainerPort {
@@ -292,15 +305,15 @@ impl PodRecord {
             metadata: ObjectMeta {
                 name: Some(self.name.to_string()),
                 namespace: Some(self.namespace.to_string()),
-                uid: text(&self.uid),
+                uid: text(&rare.uid),
                 labels: (!labels.is_empty()).then_some(labels),
-                deletion_timestamp: self.deletion_timestamp.as_deref().cloned(),
+                deletion_timestamp: rare.deletion_timestamp.clone(),
                 ..ObjectMeta::default()
             },
             spec: Some(PodSpec {
                 node_name: shared(&self.node_name),
-                hostname: text(&self.hostname),
-                subdomain: text(&self.subdomain),
+                hostname: text(&rare.hostname),
+                subdomain: text(&rare.subdomain),
                 containers,
                 ..PodSpec::default()
             }),
@@ -365,6 +378,7 @@ mod tests {
         assert!(Arc::ptr_eq(&shared_a.namespace, &shared_b.namespace));
         assert!(Arc::ptr_eq(shared_a.node_name.as_ref().unwrap(), shared_b.node_name.as_ref().unwrap()));
         assert!(shared_a.pod_ips_is_pod_ip && shared_a.pod_ips.is_empty());
+        assert!(shared_a.rare.is_none(), "no uid, hostname, subdomain, deletion or named port: nothing rare kept");
         let held = interner.len();
         for i in 0..3000 {
             drop(bench_pod(&format!("p-{i}"), &format!("app-{i}")).shared(&mut interner));
