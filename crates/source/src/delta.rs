@@ -54,10 +54,10 @@ pub(crate) struct DeltaState {
     pods_by_label: HashMap<u64, HashSet<Key>>,
     /// Services with a selector by `(namespace, key, value)` of their selector's first label.
     services_by_selector: HashMap<u64, BTreeSet<Key>>,
-    /// Services as allocated.
-    allocated: HashMap<Key, Service>,
+    /// Services as allocated: what the allocator wrote into each (see [`Allocated`]).
+    allocated: HashMap<Key, Allocated>,
     /// With LoadBalancerIPPools: every allocated Service after load balancer assignment.
-    with_load_balancers: HashMap<Key, Service>,
+    with_load_balancers: HashMap<Key, Box<Service>>,
     /// Services refused by the allocator or the planner, with why.
     refused: BTreeMap<Key, Vec<ControllerError>>,
     load_balancer_problems: Vec<String>,
@@ -67,6 +67,85 @@ pub(crate) struct DeltaState {
     allocated_once: bool,
     /// Conversion problems, by the Service (with its generated slices) or hand-written slice.
     convert_errors: BTreeMap<Key, Vec<FieldError>>,
+}
+
+/// A Service as allocated, kept as what the allocator wrote into the Service as read (its
+/// ClusterIPs, families, family policy, node ports, namespace) rather than as a second
+/// whole `k8s-openapi` Service: at 10k Services the second copies (with their selector
+/// maps) were ~20 MB. Kept whole when the fields do not give back exactly the allocated
+/// Service (the allocator writing something else).
+#[derive(Debug)]
+enum Allocated {
+    Fields(Box<AllocatedFields>),
+    Whole(Box<Service>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct AllocatedFields {
+    namespace: Option<String>,
+    /// `None`: the allocated Service has no `spec` (the fields below are then unused).
+    spec: Option<SpecFields>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct SpecFields {
+    cluster_ip: Option<String>,
+    cluster_ips: Option<Vec<String>>,
+    ip_families: Option<Vec<String>>,
+    ip_family_policy: Option<String>,
+    node_ports: Vec<Option<i32>>,
+    health_check_node_port: Option<i32>,
+}
+
+impl AllocatedFields {
+    fn of(filled: &Service) -> Self {
+        Self {
+            namespace: filled.metadata.namespace.clone(),
+            spec: filled.spec.as_ref().map(|spec| SpecFields {
+                cluster_ip: spec.cluster_ip.clone(),
+                cluster_ips: spec.cluster_ips.clone(),
+                ip_families: spec.ip_families.clone(),
+                ip_family_policy: spec.ip_family_policy.clone(),
+                node_ports: spec.ports.iter().flatten().map(|port| port.node_port).collect(),
+                health_check_node_port: spec.health_check_node_port,
+            }),
+        }
+    }
+
+    fn apply(&self, original: &Service) -> Service {
+        let mut service = original.clone();
+        service.metadata.namespace.clone_from(&self.namespace);
+        if let Some(fields) = &self.spec {
+            let spec = service.spec.get_or_insert_with(Default::default);
+            spec.cluster_ip.clone_from(&fields.cluster_ip);
+            spec.cluster_ips.clone_from(&fields.cluster_ips);
+            spec.ip_families.clone_from(&fields.ip_families);
+            spec.ip_family_policy.clone_from(&fields.ip_family_policy);
+            for (port, node_port) in spec.ports.iter_mut().flatten().zip(&fields.node_ports) {
+                port.node_port = *node_port;
+            }
+            spec.health_check_node_port = fields.health_check_node_port;
+        }
+        service
+    }
+}
+
+impl Allocated {
+    fn new(filled: Service, original: Option<&Service>) -> Self {
+        let fields = AllocatedFields::of(&filled);
+        match original {
+            Some(original) if fields.apply(original) == filled => Allocated::Fields(Box::new(fields)),
+            _ => Allocated::Whole(Box::new(filled)),
+        }
+    }
+
+    /// The allocated Service, given the Service as read it was allocated from.
+    fn service(&self, original: Option<&Service>) -> Option<Service> {
+        match self {
+            Allocated::Fields(fields) => original.map(|original| fields.apply(original)),
+            Allocated::Whole(service) => Some(Service::clone(service)),
+        }
+    }
 }
 
 /// What one step produced.
@@ -205,7 +284,8 @@ impl DeltaState {
                 match result {
                     Ok(filled) => {
                         self.refused.remove(&reference);
-                        self.allocated.insert(reference, filled);
+                        let original = self.services.get(&reference).and_then(|o| o.as_service());
+                        self.allocated.insert(reference, Allocated::new(filled, original));
                     }
                     Err(errors) => {
                         self.allocated.remove(&reference);
@@ -222,16 +302,20 @@ impl DeltaState {
             let pools: Vec<LoadBalancerIPPool> = self.pools.values().filter_map(|o| o.as_pool()).cloned().collect();
             let mut references: Vec<Key> = self.allocated.keys().cloned().collect();
             references.sort_unstable();
-            let mut services: Vec<Service> = references.iter().map(|r| self.allocated[r].clone()).collect();
+            let mut services: Vec<Service> = references.iter().filter_map(|r| self.allocated_service(r)).collect();
             self.load_balancer_problems =
                 if pools.is_empty() { Vec::new() } else { assign_load_balancers(&pools, &mut services, allocator) };
             let mut with_load_balancers = HashMap::new();
             for (reference, service) in references.into_iter().zip(services) {
-                if self.with_load_balancers.get(&reference).unwrap_or(&self.allocated[&reference]) != &service {
+                let before = match self.with_load_balancers.get(&reference) {
+                    Some(assigned) => Some(Service::clone(assigned)),
+                    None => self.allocated_service(&reference),
+                };
+                if before.as_ref() != Some(&service) {
                     affected.insert(reference.clone());
                 }
                 if !pools.is_empty() {
-                    with_load_balancers.insert(reference, service);
+                    with_load_balancers.insert(reference, Box::new(service));
                 }
             }
             self.with_load_balancers = with_load_balancers;
@@ -255,8 +339,11 @@ impl DeltaState {
         let mut new_slices: Vec<NamespacedName> = Vec::new();
         let mut errors: Vec<FieldError> = Vec::new();
         let mut published = false;
-        let service = self.with_load_balancers.get(reference).or_else(|| self.allocated.get(reference));
-        if let Some(service) = service {
+        let service = match self.with_load_balancers.get(reference) {
+            Some(assigned) => Some(Service::clone(assigned)),
+            None => self.allocated_service(reference),
+        };
+        if let Some(service) = &service {
             let candidates = self.candidates(reference, service);
             let candidates: Vec<&Pod> = candidates.iter().collect();
             match plan_slices_from(service, &candidates, &self.node_list) {
@@ -329,6 +416,12 @@ impl DeltaState {
         }
     }
 
+    /// The Service `reference` as the allocator filled it in, if it was allocated.
+    fn allocated_service(&self, reference: &Key) -> Option<Service> {
+        let allocated = self.allocated.get(reference)?;
+        allocated.service(self.services.get(reference).and_then(|o| o.as_service()))
+    }
+
     /// The Pods that may be selected by `service` (those with its selector's first label),
     /// rebuilt from their records for the planner.
     fn candidates(&self, reference: &ObjectRef, service: &Service) -> Vec<Pod> {
@@ -392,7 +485,7 @@ impl DeltaState {
         }
         problems.extend(self.load_balancer_problems.iter().cloned());
         for errors in self.convert_errors.values() {
-            let origin = errors.first().and_then(|e| store.position_of(&e.object)).cloned();
+            let origin = errors.first().and_then(|e| store.position_of(&e.object));
             for error in errors {
                 let mut error = error.clone();
                 error.origin.clone_from(&origin);
@@ -427,6 +520,31 @@ mod tests {
             saves_allocations: false,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn an_allocated_service_is_kept_as_the_fields_the_allocator_wrote_and_rebuilt_exactly() {
+        let original: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web"},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local", "selector": {"app": "web"},
+                     "ports": [{"name": "http", "port": 80}, {"name": "https", "port": 443}]}
+        }))
+        .unwrap();
+        let mut allocator = svcplane_controller::Allocator::new(AllocatorConfig {
+            service_cidrs: vec!["198.19.0.0/16".parse().unwrap()],
+            node_port_range: NodePortRange::DEFAULT,
+        })
+        .unwrap();
+        let filled = allocator.allocate(std::slice::from_ref(&original)).services.remove(0).unwrap();
+        let spec = filled.spec.as_ref().unwrap();
+        assert!(spec.cluster_ip.is_some() && spec.health_check_node_port.is_some(), "{spec:?}");
+        assert!(spec.ports.iter().flatten().all(|port| port.node_port.is_some()), "{spec:?}");
+        let kept = super::Allocated::new(filled.clone(), Some(&original));
+        assert!(matches!(kept, super::Allocated::Fields(_)), "kept as fields, not whole");
+        assert_eq!(kept.service(Some(&original)), Some(filled.clone()));
+        let without_original = super::Allocated::new(filled.clone(), None);
+        assert!(matches!(without_original, super::Allocated::Whole(_)));
+        assert_eq!(without_original.service(None), Some(filled));
     }
 
     /// Services `first..first + count`, each with two Pods; Pod 0 of `moved` gets `address`.

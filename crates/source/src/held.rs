@@ -2,8 +2,14 @@
 //! EndpointSlice planning and cluster DNS read (a few hundred bytes instead of the several
 //! kilobytes of a parsed `k8s-openapi` Pod) and is parsed straight from the document.
 //! What the store keeps of every kind (`store::Held`) is decided where the store is.
+//!
+//! The record the parse threads make is remade by the store ([`PodRecord::shared`]) with
+//! the strings that repeat over Pods (namespace, label sets, node name, phase) shared
+//! through an [`Interner`]: at 10k Services x 10 Pods, ten Pods share one label set and
+//! 10,000 Pods one node name.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodCondition, PodIP, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -13,26 +19,94 @@ use serde::{Deserialize, Deserializer};
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PodRecord {
     name: Box<str>,
-    namespace: Box<str>,
-    uid: Option<Box<str>>,
+    namespace: Arc<str>,
     /// In key order.
-    labels: Box<[(Box<str>, Box<str>)]>,
-    deletion_timestamp: Option<Time>,
-    node_name: Option<Box<str>>,
-    hostname: Option<Box<str>>,
-    subdomain: Option<Box<str>>,
-    phase: Option<Box<str>>,
+    labels: LabelSet,
+    node_name: Option<Arc<str>>,
+    /// `uid`, `deletionTimestamp`, `hostname`, `subdomain` and named ports, which most
+    /// manifests' Pods do not have: one pointer when none is there.
+    rare: Option<Box<RareFields>>,
+    phase: Option<Arc<str>>,
     pod_ip: Option<Box<str>>,
+    /// `status.podIPs`, empty when [`Self::pod_ips_is_pod_ip`] (the usual `[podIP]`).
     pod_ips: Box<[Box<str>]>,
+    /// `status.podIPs` is exactly `[status.podIP]` (kept once).
+    pod_ips_is_pod_ip: bool,
     /// A `Ready` condition with status `True`.
     ready: bool,
+}
+
+/// The fields of a [`PodRecord`] most Pods written as manifests leave out.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct RareFields {
+    uid: Option<Box<str>>,
+    deletion_timestamp: Option<Time>,
+    hostname: Option<Box<str>>,
+    subdomain: Option<Box<str>>,
     /// Named container ports of the containers, then of the sidecar init containers
     /// (`restartPolicy: Always`), in order: what a named `targetPort` resolves through.
     ports: Box<[NamedPort]>,
 }
 
+impl RareFields {
+    fn boxed_unless_empty(self) -> Option<Box<Self>> {
+        (self != Self::default()).then(|| Box::new(self))
+    }
+}
+
 /// A named container port: name, protocol as written, number.
 type NamedPort = (Box<str>, Option<Box<str>>, i32);
+
+/// A Pod's labels, in key order; shared by the Pods that have the same ones.
+type LabelSet = Arc<[(Arc<str>, Arc<str>)]>;
+
+/// The strings and label sets records share. Entries no record holds any more are dropped
+/// by [`Interner::forget_unused`], so edits do not make it grow for good.
+#[derive(Debug, Default)]
+pub(crate) struct Interner {
+    strings: HashSet<Arc<str>>,
+    label_sets: HashSet<LabelSet>,
+    /// Entries after the last [`Interner::forget_unused`].
+    kept: usize,
+}
+
+impl Interner {
+    fn string(&mut self, text: &str) -> Arc<str> {
+        if let Some(shared) = self.strings.get(text) {
+            return Arc::clone(shared);
+        }
+        let shared: Arc<str> = Arc::from(text);
+        self.strings.insert(Arc::clone(&shared));
+        shared
+    }
+
+    fn label_set(&mut self, labels: &[(Arc<str>, Arc<str>)]) -> LabelSet {
+        if let Some(shared) = self.label_sets.get(labels) {
+            return Arc::clone(shared);
+        }
+        let shared: LabelSet =
+            labels.iter().map(|(key, value)| (self.string(key), self.string(value))).collect::<Vec<_>>().into();
+        self.label_sets.insert(Arc::clone(&shared));
+        shared
+    }
+
+    /// Drops the entries only the interner holds, once it has doubled since the last time
+    /// (so the cost is spread over the insertions that made it grow).
+    pub(crate) fn forget_unused(&mut self) {
+        let len = self.strings.len() + self.label_sets.len();
+        if len < 2 * self.kept.max(1024) {
+            return;
+        }
+        self.label_sets.retain(|set| Arc::strong_count(set) > 1);
+        self.strings.retain(|text| Arc::strong_count(text) > 1);
+        self.kept = self.strings.len() + self.label_sets.len();
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.strings.len() + self.label_sets.len()
+    }
+}
 
 fn boxed(text: Option<String>) -> Option<Box<str>> {
     text.map(String::into_boxed_str)
@@ -140,24 +214,49 @@ impl PodRecord {
             .filter_map(|port| Some((port.name?.into_boxed_str(), boxed(port.protocol), port.container_port)))
             .collect();
         let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
+        let pod_ips: Vec<String> = status.pod_ips.into_iter().flatten().map(|ip| ip.ip).collect();
+        let pod_ips_is_pod_ip = matches!((&status.pod_ip, &pod_ips[..]), (Some(ip), [only]) if ip == only);
         Self {
             name: name.unwrap_or_default().into_boxed_str(),
-            namespace: namespace.unwrap_or_default().into_boxed_str(),
-            uid: boxed(uid),
-            labels: labels
-                .into_iter()
-                .flatten()
-                .map(|(key, value)| (key.into_boxed_str(), value.into_boxed_str()))
-                .collect(),
-            deletion_timestamp,
-            node_name: boxed(spec.node_name),
-            hostname: boxed(spec.hostname),
-            subdomain: boxed(spec.subdomain),
-            phase: boxed(status.phase),
+            namespace: Arc::from(namespace.unwrap_or_default()),
+            labels: labels.into_iter().flatten().map(|(key, value)| (Arc::from(key), Arc::from(value))).collect(),
+            node_name: spec.node_name.map(Arc::from),
+            rare: RareFields {
+                uid: boxed(uid),
+                deletion_timestamp,
+                hostname: boxed(spec.hostname),
+                subdomain: boxed(spec.subdomain),
+                ports: ports.into_boxed_slice(),
+            }
+            .boxed_unless_empty(),
+            phase: status.phase.map(Arc::from),
             pod_ip: boxed(status.pod_ip),
-            pod_ips: status.pod_ips.into_iter().flatten().map(|ip| ip.ip.into_boxed_str()).collect(),
+            pod_ips: if pod_ips_is_pod_ip {
+                Box::default()
+            } else {
+                pod_ips.into_iter().map(String::into_boxed_str).collect()
+            },
+            pod_ips_is_pod_ip,
             ready,
-            ports: ports.into_boxed_slice(),
+        }
+    }
+
+    /// The same record, made anew on this thread with the strings that repeat over Pods
+    /// shared through `interner` (the parse threads' record, with its temporaries beside
+    /// it, is then dropped).
+    pub(crate) fn shared(&self, interner: &mut Interner) -> Self {
+        let boxed = |text: &Option<Box<str>>| text.as_deref().map(Box::from);
+        Self {
+            name: Box::from(&*self.name),
+            namespace: interner.string(&self.namespace),
+            labels: interner.label_set(&self.labels),
+            node_name: self.node_name.as_deref().map(|node| interner.string(node)),
+            rare: self.rare.clone(),
+            phase: self.phase.as_deref().map(|phase| interner.string(phase)),
+            pod_ip: boxed(&self.pod_ip),
+            pod_ips: self.pod_ips.iter().map(|ip| Box::from(&**ip)).collect(),
+            pod_ips_is_pod_ip: self.pod_ips_is_pod_ip,
+            ready: self.ready,
         }
     }
 
@@ -176,16 +275,18 @@ impl PodRecord {
     }
 
     pub(crate) fn set_namespace(&mut self, namespace: &str) {
-        self.namespace = namespace.into();
+        self.namespace = Arc::from(namespace);
     }
 
     /// A Pod with just the recorded fields: planning it gives the same slices as planning
     /// the Pod it was made from.
     pub(crate) fn to_pod(&self) -> Pod {
         let text = |value: &Option<Box<str>>| value.as_deref().map(str::to_owned);
+        let shared = |value: &Option<Arc<str>>| value.as_deref().map(str::to_owned);
         let labels: BTreeMap<String, String> =
             self.labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect();
-        let ports: Vec<ContainerPort> = self
+        let rare = self.rare.as_deref().cloned().unwrap_or_default();
+        let ports: Vec<ContainerPort> = rare
             .ports
             .iter()
             .map(|(name, protocol, port)| ContainerPort {
@@ -204,23 +305,27 @@ impl PodRecord {
             metadata: ObjectMeta {
                 name: Some(self.name.to_string()),
                 namespace: Some(self.namespace.to_string()),
-                uid: text(&self.uid),
+                uid: text(&rare.uid),
                 labels: (!labels.is_empty()).then_some(labels),
-                deletion_timestamp: self.deletion_timestamp.clone(),
+                deletion_timestamp: rare.deletion_timestamp.clone(),
                 ..ObjectMeta::default()
             },
             spec: Some(PodSpec {
-                node_name: text(&self.node_name),
-                hostname: text(&self.hostname),
-                subdomain: text(&self.subdomain),
+                node_name: shared(&self.node_name),
+                hostname: text(&rare.hostname),
+                subdomain: text(&rare.subdomain),
                 containers,
                 ..PodSpec::default()
             }),
             status: Some(PodStatus {
-                phase: text(&self.phase),
+                phase: shared(&self.phase),
                 pod_ip: text(&self.pod_ip),
-                pod_ips: (!self.pod_ips.is_empty())
-                    .then(|| self.pod_ips.iter().map(|ip| PodIP { ip: ip.to_string() }).collect()),
+                pod_ips: if self.pod_ips_is_pod_ip {
+                    self.pod_ip.as_deref().map(|ip| vec![PodIP { ip: ip.to_owned() }])
+                } else {
+                    (!self.pod_ips.is_empty())
+                        .then(|| self.pod_ips.iter().map(|ip| PodIP { ip: ip.to_string() }).collect())
+                },
                 conditions: self.ready.then(|| {
                     vec![PodCondition {
                         type_: "Ready".to_owned(),
@@ -251,6 +356,37 @@ mod tests {
 
     fn pod(value: serde_json::Value) -> Pod {
         serde_json::from_value(value).unwrap()
+    }
+
+    fn bench_pod(name: &str, app: &str) -> PodRecord {
+        PodRecord::of(pod(serde_json::json!({
+            "metadata": {"name": name, "namespace": "shop", "labels": {"app": app}},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "app", "image": "i"}]},
+            "status": {"phase": "Running", "podIP": "198.18.129.2", "podIPs": [{"ip": "198.18.129.2"}],
+                       "conditions": [{"type": "Ready", "status": "True"}]}
+        })))
+    }
+
+    #[test]
+    fn shared_records_hold_repeated_strings_once_and_the_interner_forgets_what_no_record_holds() {
+        let mut interner = Interner::default();
+        let (a, b) = (bench_pod("a", "web"), bench_pod("b", "web"));
+        let (shared_a, shared_b) = (a.shared(&mut interner), b.shared(&mut interner));
+        assert_eq!(shared_a, a);
+        assert_eq!(shared_a.to_pod(), a.to_pod());
+        assert!(Arc::ptr_eq(&shared_a.labels, &shared_b.labels));
+        assert!(Arc::ptr_eq(&shared_a.namespace, &shared_b.namespace));
+        assert!(Arc::ptr_eq(shared_a.node_name.as_ref().unwrap(), shared_b.node_name.as_ref().unwrap()));
+        assert!(shared_a.pod_ips_is_pod_ip && shared_a.pod_ips.is_empty());
+        assert!(shared_a.rare.is_none(), "no uid, hostname, subdomain, deletion or named port: nothing rare kept");
+        let held = interner.len();
+        for i in 0..3000 {
+            drop(bench_pod(&format!("p-{i}"), &format!("app-{i}")).shared(&mut interner));
+        }
+        assert!(interner.len() >= held + 3000, "every new label set and value was interned");
+        interner.forget_unused();
+        assert_eq!(interner.len(), held, "only what the two records still hold stays");
+        assert_eq!(shared_b.label("app"), Some("web"));
     }
 
     #[test]
