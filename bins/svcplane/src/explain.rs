@@ -39,7 +39,7 @@ fn frontend_json(frontend: &MatchedFrontend) -> Value {
     json!({
         "servicePort": frontend.service_port.to_string(),
         "service": frontend.service_port.service.to_string(),
-        "portName": frontend.service_port.port_name,
+        "portName": frontend.service_port.port_name.as_str(),
         "family": frontend.family.to_string(),
         "kind": frontend_kind_name(frontend.kind),
         "address": frontend.address.to_string(),

@@ -137,11 +137,26 @@ fn iptables_variant(choice: IptablesVariant) -> Variant {
     }
 }
 
+/// How `cleanup` reaches nf_tables: over netlink when the socket opens, so that finding
+/// svcplane's tables reads table names only. The `nft` CLI (1.0.x) fetches the whole
+/// ruleset to list the tables of either family; with a 10k-Service table in the kernel
+/// that took longer than the callers gave the cleanup (measured: 6-11 s per family for a
+/// synthetic 10k-chain table on a loaded 2-core machine). The CLI remains the fallback.
+fn cleanup_nft_client() -> NftClient {
+    match NftNetlink::new() {
+        Ok(netlink) => NftClient::Netlink(netlink),
+        Err(error) => {
+            tracing::debug!("no nf_tables netlink socket ({error}); cleaning up through the nft command");
+            NftClient::Cli(NftCli::new())
+        }
+    }
+}
+
 /// A dataplane of every mode and variant, for `cleanup` (nothing is opened that a node
 /// without the mode's tools would fail on before its cleanup runs).
 pub fn every_mode(args: &CleanupArgs) -> Vec<Box<dyn Dataplane>> {
     vec![
-        Box::new(NftablesBackend::new(NftClient::Cli(NftCli::new()))),
+        Box::new(NftablesBackend::new(cleanup_nft_client())),
         Box::new(IptablesBackend::new(IptablesCli::new(Variant::Legacy))),
         Box::new(IptablesBackend::new(IptablesCli::new(Variant::Nft))),
         Box::new(EbpfBackend::new(ebpf_options(&args.ebpf))),

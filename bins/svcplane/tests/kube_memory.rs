@@ -49,6 +49,9 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(10);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(50);
 /// How long after the first working probe the kept RSS is read.
 const SETTLE: Duration = Duration::from_secs(3);
+/// How long a cleanup may take: removing a 10k-Service table (and looking for every other
+/// mode's rules) on a loaded machine takes seconds, more than a probe's patience.
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the controller runs before its RSS is read.
 const CONTROLLER_SETTLE: Duration = Duration::from_secs(20);
 
@@ -145,13 +148,16 @@ struct Proxy {
 }
 
 impl Proxy {
-    /// `svcplane proxy` (nftables mode over netlink) from `binary`.
+    /// `svcplane proxy` (nftables mode over netlink) from `binary`. Its rules are removed
+    /// by this build's `svcplane cleanup` whatever build is measured: an older build's
+    /// cleanup listed tables through the `nft` command, which at 10k Services outlasted
+    /// the lab's command timeout and left the rules in place.
     fn svcplane(kube: &KubeLab, label: &str, binary: &str) -> Self {
         Self {
             label: label.to_owned(),
             binary: binary.to_owned(),
             args: proxy_args(kube),
-            cleanup: vec![binary.to_owned(), "cleanup".to_owned()],
+            cleanup: vec![env!("CARGO_BIN_EXE_svcplane").to_owned(), "cleanup".to_owned()],
         }
     }
 
@@ -172,18 +178,7 @@ fn measure(kube: &KubeLab, proxy: &Proxy, target: SocketAddr, limit: Duration) -
     let Proxy { label, binary, args, cleanup } = proxy;
     let namespace = kube.lab.node(1).namespace_name().to_owned();
     let cleanup: Vec<&str> = cleanup.iter().map(String::as_str).collect();
-    // kube-proxy's cleanup also looks for iptables and IPVS rules and may complain; and
-    // `svcplane cleanup` undoes every mode, which on a loaded machine can outlast the
-    // lab's command timeout: tried again while the marker still answers.
-    let mut attempts = 0;
-    loop {
-        let _ = kube.lab.exec(&namespace, &cleanup);
-        attempts += 1;
-        if kube.lab.tcp_request(&namespace, target, Duration::from_millis(300)).is_err() {
-            break;
-        }
-        assert!(attempts < 3, "rules left before starting {label} after {attempts} cleanups");
-    }
+    remove_rules(kube, &namespace, &cleanup, target, &format!("before starting {label}"));
     let what = format!("proxy-{}", label.replace(|c: char| !c.is_ascii_alphanumeric(), "-"));
     let started = Instant::now();
     let (pid, log) = kube.plane.spawn(&what, &namespace, binary, args).expect("a proxy");
@@ -208,8 +203,24 @@ fn measure(kube: &KubeLab, proxy: &Proxy, target: SocketAddr, limit: Duration) -
         panic!("{label} stopped: {error}\n{}", kube_support::log_tail(&log));
     }
     kube.plane.stop(&what);
-    let _ = kube.lab.exec(&namespace, &cleanup);
+    remove_rules(kube, &namespace, &cleanup, target, &format!("after {label}"));
     measured
+}
+
+/// Runs `cleanup` on node1 and checks that the marker no longer answers; fails with what
+/// the cleanup said when it does. The exit status alone is not the test: kube-proxy's
+/// cleanup also looks for iptables and IPVS rules and may complain about those.
+fn remove_rules(kube: &KubeLab, namespace: &str, cleanup: &[&str], target: SocketAddr, when: &str) {
+    let outcome = match kube.lab.exec_with_timeout(namespace, cleanup, CLEANUP_TIMEOUT) {
+        Ok(output) => format!(
+            "{}; stderr: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).lines().rev().take(5).collect::<Vec<_>>().join(" | ")
+        ),
+        Err(error) => error.to_string(),
+    };
+    let answered = kube.lab.tcp_request(namespace, target, Duration::from_millis(300));
+    assert!(answered.is_err(), "rules left {when}: the marker still answers after `{}` ({outcome})", cleanup.join(" "));
 }
 
 /// Starts `svcplane dns` (the first binary under test) on node1 against the loaded API

@@ -129,3 +129,31 @@ fn a_restarted_proxy_leaves_tables_that_hold_its_plan_untouched_and_then_follows
     check_rows(&cluster, scenarios::ENDPOINT_CHANGES);
     cluster.teardown();
 }
+
+#[test]
+fn svcplane_cleanup_finds_and_removes_the_tables_without_the_nft_command() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "svcplane_cleanup_finds_and_removes_the_tables_without_the_nft_command",
+    ) {
+        return;
+    }
+    // The `nft` command lists tables by fetching the whole ruleset, which at 10k Services
+    // outlasted the callers' patience; cleanup reads table names over netlink instead, so
+    // it works with no `nft` on PATH at all.
+    let lab = svcplane_testbed::Lab::builder().nodes(1).build().expect("a lab");
+    let node = lab.node(1).namespace_name().to_owned();
+    for table in ["ip svcplane", "ip svcplane-3", "ip6 svcplane", "ip other"] {
+        let (family, name) = table.split_once(' ').unwrap();
+        lab.exec_ok(&node, &["nft", "add", "table", family, name]).expect("nft add table");
+    }
+    let output = lab
+        .exec(&node, &["env", "PATH=/nonexistent", env!("CARGO_BIN_EXE_svcplane"), "cleanup"])
+        .expect("svcplane cleanup ran");
+    let tables = lab.exec_ok(&node, &["nft", "list", "tables"]).expect("nft list tables");
+    assert!(
+        !tables.contains("svcplane"),
+        "svcplane's tables are gone:\n{tables}\ncleanup said: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(tables.contains("table ip other"), "another table stays:\n{tables}");
+}

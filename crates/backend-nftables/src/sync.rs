@@ -1,7 +1,11 @@
 //! Applying plans: a full sync writes each table whole, one transaction per table; a
 //! partial sync sends only the difference for the service ports that changed, one
-//! transaction per table they live in, computed against an in-memory record of what was
-//! written (the kernel is never read back on the sync path).
+//! transaction per table they live in. The difference is computed between the port as the
+//! plan has it now and the port as it was when last written, which the sync loop hands
+//! over with the change ([`PlanDiff::previous`]: the plan's value before the changes since
+//! the last successful sync) and which is rendered again: the kernel is never read back on
+//! the sync path, and the backend keeps no copy of the rules, chain names or elements it
+//! wrote (at 10k Services that record was the largest part of the backend's memory).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -9,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use svcplane_core::{Dataplane, DataplaneError, IpFamily, NodePlan, PlanDiff, PlanKey, SyncReport as CoreSyncReport};
-use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, Set, TableName, Transaction};
+use svcplane_nft::{Element, NftError, Nftables, Operation, Rule, TableName, Transaction};
 use tracing::{debug, info, warn};
 
 use crate::digest::{self, PortDigest, TableDigest};
@@ -45,7 +49,6 @@ pub struct SyncReport {
 pub struct NftablesBackend<N> {
     nft: N,
     families: Vec<IpFamily>,
-    written: HashMap<PlanKey, Written>,
     /// The digest each table holds (see [`crate::digest`]), as of the last sync.
     table_digests: HashMap<TableKey, TableDigest>,
     /// How many service ports of each table use an endpoint address for hairpin.
@@ -68,41 +71,10 @@ pub struct NftablesBackend<N> {
     counting: bool,
 }
 
-/// What the record keeps of the objects one service port was written with: enough for the
-/// next partial sync's difference, not the rules themselves (at 10k Services those were
-/// most of the proxy's memory): a chain's rules are stood for by a 128-bit digest, so a
-/// chain is rewritten when the digest of its new rules differs.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Written {
-    chains: Vec<(String, RulesDigest)>,
-    elements: Vec<Element>,
-    endpoint_addresses: Vec<IpAddr>,
-    sets: Vec<Set>,
-    /// The port's share of its table's digest.
-    digest: PortDigest,
-}
-
-/// A digest of a chain's rule list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct RulesDigest(u128);
-
-impl RulesDigest {
-    fn of(rules: &[Rule]) -> Self {
-        Self(digest::digest_of(rules))
-    }
-}
-
-impl Written {
-    /// The record of `objects`; the rules stay in `objects`.
-    fn of(objects: &PortObjects) -> Self {
-        Self {
-            chains: objects.chains.iter().map(|(name, rules)| (name.clone(), RulesDigest::of(rules))).collect(),
-            elements: objects.elements.clone(),
-            endpoint_addresses: objects.endpoint_addresses.clone(),
-            sets: objects.sets.clone(),
-            digest: PortDigest::of(objects),
-        }
-    }
+/// The objects a service port was last written with: rendered again from the port as the
+/// plan had it then ([`PlanDiff::previous`]); none for a port that is new.
+fn previously_written(changed: &PlanDiff, key: &PlanKey, counting: bool) -> Option<PortObjects> {
+    changed.previous(key).map(|port| render_port_counting(port, counting))
 }
 
 /// One table: a family and an index among its tables.
@@ -302,7 +274,7 @@ struct Phases {
 }
 
 impl Phases {
-    fn diff(&mut self, old: &Written, new: &PortObjects) {
+    fn diff(&mut self, old: &PortObjects, new: &PortObjects) {
         // Adding a set that exists with other settings (a new affinity timeout) updates it.
         for set in &new.sets {
             if !old.sets.contains(set) {
@@ -314,7 +286,7 @@ impl Phases {
                 self.delete_sets.push(Operation::DeleteSet(set.name.clone()));
             }
         }
-        let old_chains: HashMap<&str, RulesDigest> = old.chains.iter().map(|(n, d)| (n.as_str(), *d)).collect();
+        let old_chains: HashMap<&str, &Vec<Rule>> = old.chains.iter().map(|(n, rules)| (n.as_str(), rules)).collect();
         let new_chain_names: HashSet<&str> = new.chains.iter().map(|(n, _)| n.as_str()).collect();
         for (name, rules) in &new.chains {
             match old_chains.get(name.as_str()) {
@@ -326,7 +298,7 @@ impl Phases {
                     }));
                     self.rules.extend(rules.iter().cloned().map(Operation::AddRule));
                 }
-                Some(old_digest) if *old_digest != RulesDigest::of(rules) => {
+                Some(old_rules) if *old_rules != rules => {
                     self.rules.push(Operation::FlushChain(name.clone()));
                     self.rules.extend(rules.iter().cloned().map(Operation::AddRule));
                 }
@@ -381,7 +353,6 @@ impl<N: Nftables> NftablesBackend<N> {
         Self {
             nft,
             families,
-            written: HashMap::new(),
             table_digests: HashMap::new(),
             hairpin_refs: HairpinRefs::default(),
             tables: 0,
@@ -468,13 +439,15 @@ impl<N: Nftables> NftablesBackend<N> {
     }
 
     /// Brings the kernel in line with `plan`. `changed` names the service ports that differ
-    /// from the previous plan; it is ignored when a full sync is due.
+    /// from the plan of the last successful sync, with what they were in it (the sync loop
+    /// keeps a failed sync's diff for the next); a full sync uses it only to find what the
+    /// ports that move to another table left in their old one.
     pub fn sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> Result<SyncReport, SyncError> {
         if self.needs_full_sync
             || self.written_node_port_cidrs.as_ref() != Some(&plan.node_port_cidrs)
             || self.outgrown(plan)
         {
-            return self.full_sync(plan);
+            return self.full_sync(plan, changed);
         }
         self.partial_sync(plan, changed)
     }
@@ -495,7 +468,7 @@ impl<N: Nftables> NftablesBackend<N> {
             && self.wanted_tables(plan) > self.tables
     }
 
-    fn full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, SyncError> {
+    fn full_sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> Result<SyncReport, SyncError> {
         // While running, never fewer tables than before (see `outgrown`); a new process
         // sizes them from its first plan.
         let tables = self.fixed_tables.unwrap_or_else(|| self.wanted_tables(plan).max(self.tables));
@@ -530,7 +503,7 @@ impl<N: Nftables> NftablesBackend<N> {
         rendered.retain(|table| !kept.contains(&(table.family, table.index)));
         let render_time = started.elapsed();
         if self.tables != 0 && tables != self.tables {
-            self.remove_moved_objects(&mut rendered, tables);
+            self.remove_moved_objects(&mut rendered, tables, plan, changed);
         }
         if self.replace_table {
             for RenderedTable { transaction, .. } in &mut rendered {
@@ -581,11 +554,10 @@ impl<N: Nftables> NftablesBackend<N> {
         Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations })
     }
 
-    /// Makes the record of what `plan` writes over `tables` tables per family: each port's
-    /// objects (rendered once more, one port at a time), the hairpin references and each
-    /// table's digest.
+    /// Makes the record of what `plan` writes over `tables` tables per family: the hairpin
+    /// references and each table's digest (each port rendered once more, one at a time,
+    /// and dropped).
     fn record(&mut self, plan: &NodePlan, tables: usize) {
-        self.written.clear();
         self.hairpin_refs.clear();
         self.table_digests.clear();
         for &family in &self.families {
@@ -593,15 +565,14 @@ impl<N: Nftables> NftablesBackend<N> {
             self.table_digests.extend((0..tables).map(|index| ((family, index), base)));
         }
         for (key, port_plan) in plan.service_ports.iter().filter(|(key, _)| self.families.contains(&key.family)) {
-            let objects = Written::of(&render_port_counting(port_plan, self.counting));
+            let objects = render_port_counting(port_plan, self.counting);
             let table = (key.family, table_index(&key.name, tables));
             for address in &objects.endpoint_addresses {
                 self.hairpin_refs.add_one(table, *address);
             }
             if let Some(digest) = self.table_digests.get_mut(&table) {
-                *digest = digest.with(objects.digest);
+                *digest = digest.with(PortDigest::of(&objects));
             }
-            self.written.insert(key.clone(), objects);
         }
     }
 
@@ -618,8 +589,7 @@ impl<N: Nftables> NftablesBackend<N> {
     }
 
     fn partial_sync(&mut self, plan: &NodePlan, changed: &PlanDiff) -> Result<SyncReport, SyncError> {
-        let empty = Written::default();
-        let empty_objects = PortObjects::default();
+        let empty = PortObjects::default();
         let mut report = SyncReport::default();
         // One transaction per table the changed ports live in, in a fixed order.
         let mut by_table: BTreeMap<TableKey, Vec<&PlanKey>> = BTreeMap::new();
@@ -628,26 +598,25 @@ impl<N: Nftables> NftablesBackend<N> {
         }
         for (table, keys) in by_table {
             let mut phases = Phases::default();
-            let mut rendered: Vec<(PlanKey, Option<Written>)> = Vec::new();
+            let mut ports = 0;
             let mut hairpin_delta: HashMap<IpAddr, isize> = HashMap::new();
             let old_digest = self.table_digests.get(&table).copied();
             let mut new_digest = old_digest;
             for key in keys {
                 let new = plan.service_ports.get(key).map(|port| render_port_counting(port, self.counting));
-                let old = self.written.get(key).unwrap_or(&empty);
-                phases.diff(old, new.as_ref().unwrap_or(&empty_objects));
-                let new_written = new.as_ref().map(Written::of);
+                let old = previously_written(changed, key, self.counting);
+                phases.diff(old.as_ref().unwrap_or(&empty), new.as_ref().unwrap_or(&empty));
                 new_digest = new_digest.map(|digest| {
-                    let digest = if self.written.contains_key(key) { digest.without(old.digest) } else { digest };
-                    new_written.as_ref().map_or(digest, |written| digest.with(written.digest))
+                    let digest = old.as_ref().map_or(digest, |old| digest.without(PortDigest::of(old)));
+                    new.as_ref().map_or(digest, |new| digest.with(PortDigest::of(new)))
                 });
-                for address in &old.endpoint_addresses {
+                for address in old.iter().flat_map(|old| &old.endpoint_addresses) {
                     *hairpin_delta.entry(*address).or_insert(0) -= 1;
                 }
                 for address in new.iter().flat_map(|n| &n.endpoint_addresses) {
                     *hairpin_delta.entry(*address).or_insert(0) += 1;
                 }
-                rendered.push((key.clone(), new_written));
+                ports += 1;
             }
             let mut new_refs: Vec<(IpAddr, usize)> = Vec::new();
             for (address, delta) in hairpin_delta {
@@ -684,15 +653,9 @@ impl<N: Nftables> NftablesBackend<N> {
                 });
             }
             report.operations += transaction.operations.len();
-            report.service_ports += rendered.len();
+            report.service_ports += ports;
             if let Some(digest) = new_digest {
                 self.table_digests.insert(table, digest);
-            }
-            for (key, objects) in rendered {
-                match objects {
-                    Some(objects) => self.written.insert(key, objects),
-                    None => self.written.remove(&key),
-                };
             }
             for (address, count) in new_refs {
                 self.hairpin_refs.set(table, address, count);
@@ -704,14 +667,21 @@ impl<N: Nftables> NftablesBackend<N> {
     /// When the number of tables grows, the service ports whose hash now picks another
     /// table leave their old one in the same full sync: their chains flushed then deleted
     /// and their sets deleted, after the maps that pointed at them were refilled without them.
-    fn remove_moved_objects(&self, rendered: &mut [RenderedTable], tables: usize) {
+    ///
+    /// What a port was last written with is its value in the plan of the last successful
+    /// sync: `changed`'s previous value for the ports that changed since, the plan's own for
+    /// the others.
+    fn remove_moved_objects(&self, rendered: &mut [RenderedTable], tables: usize, plan: &NodePlan, changed: &PlanDiff) {
         let mut flushes: BTreeMap<TableKey, Vec<Operation>> = BTreeMap::new();
         let mut deletions: BTreeMap<TableKey, Vec<Operation>> = BTreeMap::new();
-        for (key, objects) in &self.written {
+        let unchanged = plan.service_ports.iter().filter(|(key, _)| !changed.contains(key));
+        let previous = changed.keys().filter_map(|key| Some((key, changed.previous(key)?)));
+        for (key, port) in unchanged.chain(previous).filter(|(key, _)| self.families.contains(&key.family)) {
             let (old, new) = (table_index(&key.name, self.tables), table_index(&key.name, tables));
             if old == new || old >= tables {
                 continue;
             }
+            let objects = render_port_counting(port, self.counting);
             let table = (key.family, old);
             for (chain, _) in &objects.chains {
                 flushes.entry(table).or_default().push(Operation::FlushChain(chain.clone()));
@@ -789,7 +759,6 @@ impl<N: Nftables> NftablesBackend<N> {
                 }
             }
         }
-        self.written.clear();
         self.table_digests.clear();
         self.hairpin_refs.clear();
         self.needs_full_sync = true;

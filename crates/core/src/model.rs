@@ -10,15 +10,128 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 /// A namespaced object name, `namespace/name`.
+///
+/// Both parts are [`SharedStr`]s handed out by [`intern`]: a Service's name is held by its
+/// state entry, its slices' back-references, its plan keys and the backends' records (a
+/// dozen copies at least), and every copy is the same two allocations (the namespace one
+/// for all the namespace's objects), not two new `String`s.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NamespacedName {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: SharedStr,
+    pub name: SharedStr,
 }
 
 impl NamespacedName {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), name: name.into() }
+    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> Self {
+        Self { namespace: SharedStr::interned(namespace.as_ref()), name: SharedStr::interned(name.as_ref()) }
+    }
+}
+
+/// Immutable text whose clones share one allocation (an `Arc<str>`); compares, orders,
+/// hashes and prints as the text itself, and reads as a `&str`.
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SharedStr(Arc<str>);
+
+impl SharedStr {
+    /// The shared copy of `text` ([`intern`]): equal texts made this way are one allocation.
+    pub fn interned(text: &str) -> Self {
+        Self(intern(text))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for SharedStr {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for SharedStr {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for SharedStr {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SharedStr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Debug for SharedStr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl From<&str> for SharedStr {
+    fn from(text: &str) -> Self {
+        Self::interned(text)
+    }
+}
+
+impl From<String> for SharedStr {
+    fn from(text: String) -> Self {
+        Self::interned(&text)
+    }
+}
+
+impl From<&String> for SharedStr {
+    fn from(text: &String) -> Self {
+        Self::interned(text)
+    }
+}
+
+impl From<SharedStr> for String {
+    fn from(text: SharedStr) -> Self {
+        text.0.as_ref().to_owned()
+    }
+}
+
+impl PartialEq<str> for SharedStr {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for SharedStr {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+impl PartialEq<String> for SharedStr {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl PartialEq<SharedStr> for str {
+    fn eq(&self, other: &SharedStr) -> bool {
+        self == &*other.0
+    }
+}
+
+impl PartialEq<SharedStr> for &str {
+    fn eq(&self, other: &SharedStr) -> bool {
+        *self == &*other.0
+    }
+}
+
+impl PartialEq<SharedStr> for String {
+    fn eq(&self, other: &SharedStr) -> bool {
+        **self == *other.0
     }
 }
 
@@ -34,8 +147,9 @@ pub use svcplane_net::{IpFamily, Protocol};
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServicePortName {
     pub service: NamespacedName,
-    /// `spec.ports[].name`; empty for the single unnamed port.
-    pub port_name: String,
+    /// `spec.ports[].name`; empty for the single unnamed port. Interned: a port plan, its
+    /// key and the backends' records each hold a copy.
+    pub port_name: SharedStr,
     pub protocol: Protocol,
 }
 
@@ -140,7 +254,11 @@ impl Service {
     }
 
     pub fn port_name(&self, port: &ServicePort) -> ServicePortName {
-        ServicePortName { service: self.name.clone(), port_name: port.name.clone(), protocol: port.protocol }
+        ServicePortName {
+            service: self.name.clone(),
+            port_name: SharedStr::interned(&port.name),
+            protocol: port.protocol,
+        }
     }
 
     /// NodePorts, external IPs and load-balancer IPs: traffic that `externalTrafficPolicy` governs.
@@ -306,6 +424,20 @@ mod tests {
         assert!(interned.names.contains("interning-test-held"));
         drop(interned);
         drop(held);
+    }
+
+    #[test]
+    fn a_name_made_again_and_its_clones_share_one_allocation_and_read_as_text() {
+        let service = NamespacedName::new("default", "name-sharing-test");
+        let from_a_slice_label = NamespacedName::new(String::from("default"), String::from("name-sharing-test"));
+        assert_eq!(service, from_a_slice_label);
+        assert!(std::ptr::eq(service.name.as_str(), from_a_slice_label.name.as_str()));
+        assert!(std::ptr::eq(service.namespace.as_str(), service.clone().namespace.as_str()));
+        assert_eq!(service.name, "name-sharing-test");
+        assert_eq!(service.to_string(), "default/name-sharing-test");
+        assert_eq!(format!("{:?}", service.name), "\"name-sharing-test\"");
+        assert!(NamespacedName::new("a", "b") < NamespacedName::new("a", "c"));
+        assert_eq!(size_of::<NamespacedName>(), 32);
     }
 
     #[test]

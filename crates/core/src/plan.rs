@@ -757,7 +757,7 @@ mod tests {
             let changes = state.take_changes();
             plan.update(&state, &changes)
         };
-        let names: Vec<String> = changed.keys().map(|k| k.name.service.name.clone()).collect();
+        let names: Vec<String> = changed.keys().map(|k| k.name.service.name.to_string()).collect();
         assert_eq!(names, ["web"]);
         assert_eq!(plan.service_ports.len(), 2);
     }

@@ -34,6 +34,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use svcplane_controller::ObjectKey;
+use svcplane_core::model::NamespacedName;
 use tracing::{debug, info, warn};
 
 use crate::access::ClusterAccess;
@@ -289,8 +290,10 @@ async fn watch<S, E, N>(
 struct Tracker<K, V> {
     kind: &'static str,
     keep: fn(K) -> V,
-    /// resourceVersion of every object passed on (or about to be, in `pending`).
-    known: HashMap<ObjectKey, String>,
+    /// resourceVersion of every object passed on (or about to be, in `pending`), by name:
+    /// the interned name the converted model holds too ([`NamespacedName::new`]), so that
+    /// at 10k Services this bookkeeping is map entries, not 60k small allocations.
+    known: HashMap<NamespacedName, Version>,
     /// A relist in progress: every object listed so far, and what was kept of those that
     /// are new or changed (with their resourceVersion).
     relist: Option<Relist<V>>,
@@ -301,8 +304,8 @@ struct Tracker<K, V> {
 }
 
 struct Relist<V> {
-    listed: HashSet<ObjectKey>,
-    changed: Vec<(ObjectKey, String, V)>,
+    listed: HashSet<NamespacedName>,
+    changed: Vec<(ObjectKey, Version, V)>,
 }
 
 impl<V> Default for Relist<V> {
@@ -321,8 +324,8 @@ impl<K: Resource, V> Tracker<K, V> {
     }
 
     /// Whether this resourceVersion of the object was already passed on.
-    fn is_known(&self, key: &ObjectKey, version: &str) -> bool {
-        !version.is_empty() && self.known.get(key).is_some_and(|known| known == version)
+    fn is_known(&self, key: &ObjectKey, version: &Version) -> bool {
+        *version != Version::NONE && self.known.get(&name_of(key)).is_some_and(|known| known == version)
     }
 
     fn handle(&mut self, incoming: Result<Event<K>, watcher::Error>) {
@@ -351,7 +354,7 @@ impl<K: Resource, V> Tracker<K, V> {
             }
             Event::Delete(object) => {
                 let key = ObjectKey::of(object.meta());
-                if self.known.remove(&key).is_some() {
+                if self.known.remove(&name_of(&key)).is_some() {
                     self.pending.insert(key, None);
                 }
             }
@@ -360,19 +363,20 @@ impl<K: Resource, V> Tracker<K, V> {
                 let (key, version) = identity(&object);
                 let known = self.is_known(&key, &version);
                 let relist = self.relist.get_or_insert_with(Relist::default);
-                relist.listed.insert(key.clone());
+                relist.listed.insert(name_of(&key));
                 if !known {
                     relist.changed.push((key, version, (self.keep)(object)));
                 }
             }
             Event::InitDone => {
                 let Relist { listed, changed } = self.relist.take().unwrap_or_default();
-                let gone: Vec<ObjectKey> = self.known.keys().filter(|key| !listed.contains(*key)).cloned().collect();
+                let gone: Vec<NamespacedName> =
+                    self.known.keys().filter(|key| !listed.contains(*key)).cloned().collect();
                 let count = listed.len();
                 drop(listed);
-                for key in gone {
-                    self.known.remove(&key);
-                    self.pending.insert(key, None);
+                for name in gone {
+                    self.known.remove(&name);
+                    self.pending.insert(ObjectKey::new(name.namespace.as_str(), name.name.as_str()), None);
                 }
                 for (key, version, kept) in changed {
                     self.apply(key, version, kept);
@@ -388,15 +392,48 @@ impl<K: Resource, V> Tracker<K, V> {
         }
     }
 
-    fn apply(&mut self, key: ObjectKey, version: String, kept: V) {
-        self.known.insert(key.clone(), version);
+    fn apply(&mut self, key: ObjectKey, version: Version, kept: V) {
+        self.known.insert(name_of(&key), version);
         self.pending.insert(key, Some(kept));
     }
 }
 
-fn identity<K: Resource>(object: &K) -> (ObjectKey, String) {
+/// The watch's name for an object: the interned [`NamespacedName`] (one allocation per
+/// distinct text, shared with the model).
+fn name_of(key: &ObjectKey) -> NamespacedName {
+    NamespacedName::new(&key.namespace, &key.name)
+}
+
+/// A resourceVersion as the watch remembers it. The API server says it is opaque, but
+/// etcd's are decimal numbers: those are kept as the number (no allocation), any other
+/// text as it is. Only compared for equality.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Version {
+    Number(u64),
+    Text(Box<str>),
+}
+
+impl Version {
+    /// An object without a resourceVersion: never counts as already passed on.
+    const NONE: Self = Self::Number(u64::MAX);
+
+    fn of(text: &str) -> Self {
+        // Only the canonical spelling as a number, so that two texts are equal exactly
+        // when their versions are ("07" and "7" stay different).
+        let canonical = !text.is_empty()
+            && text.bytes().all(|byte| byte.is_ascii_digit())
+            && (text == "0" || !text.starts_with('0'));
+        match text.parse::<u64>() {
+            Ok(number) if canonical && number != u64::MAX => Self::Number(number),
+            _ if text.is_empty() => Self::NONE,
+            _ => Self::Text(text.into()),
+        }
+    }
+}
+
+fn identity<K: Resource>(object: &K) -> (ObjectKey, Version) {
     let meta = object.meta();
-    (ObjectKey::of(meta), meta.resource_version.clone().unwrap_or_default())
+    (ObjectKey::of(meta), Version::of(meta.resource_version.as_deref().unwrap_or_default()))
 }
 
 struct WatchState<S, E, N> {
@@ -641,6 +678,27 @@ mod tests {
                 Some("api".to_owned())
             )]
         );
+    }
+
+    #[test]
+    fn resource_versions_are_equal_exactly_when_their_texts_are() {
+        for (one, other) in [("7", "07"), ("0", "00"), ("123", "124"), ("18446744073709551615", "")] {
+            assert_ne!(Version::of(one), Version::of(other), "{one:?} vs {other:?}");
+        }
+        for text in ["0", "42", "07", "abc-1", "18446744073709551615", "99999999999999999999999"] {
+            assert_eq!(Version::of(text), Version::of(&text.to_owned()), "{text:?}");
+        }
+        assert_eq!(Version::of("42"), Version::Number(42));
+        assert_eq!(Version::of(""), Version::NONE);
+    }
+
+    #[test]
+    fn the_watch_remembers_an_object_by_the_name_the_model_holds() {
+        let key = ObjectKey { namespace: "default".into(), name: "watch-name-sharing".into() };
+        let model = NamespacedName::new("default", "watch-name-sharing");
+        let remembered = name_of(&key);
+        assert_eq!(remembered, model);
+        assert!(std::ptr::eq(remembered.name.as_str(), model.name.as_str()), "one allocation for both");
     }
 
     #[test]

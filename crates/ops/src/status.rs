@@ -324,7 +324,7 @@ pub fn services_view(plan: &NodePlan, state: &ClusterState) -> Vec<Value> {
         let counter_key = service_port_label(&service.namespace, &service.name, &port.name.port_name);
         ports.push(json!({
             "service": port.name.service.to_string(),
-            "port": port.name.port_name,
+            "port": port.name.port_name.as_str(),
             "counterKey": counter_key,
             "protocol": port.protocol.to_string(),
             "family": family_label(port.family),
