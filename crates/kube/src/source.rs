@@ -686,7 +686,8 @@ mod tests {
             assert_ne!(Version::of(one), Version::of(other), "{one:?} vs {other:?}");
         }
         for text in ["0", "42", "07", "abc-1", "18446744073709551615", "99999999999999999999999"] {
-            assert_eq!(Version::of(text), Version::of(&text.to_owned()), "{text:?}");
+            let copy = String::from(text);
+            assert_eq!(Version::of(text), Version::of(&copy), "a version does not depend on where its text lives");
         }
         assert_eq!(Version::of("42"), Version::Number(42));
         assert_eq!(Version::of(""), Version::NONE);

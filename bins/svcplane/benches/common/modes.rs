@@ -125,8 +125,12 @@ fn program<B: Dataplane>(
 ) -> anyhow::Result<Programmed> {
     let (cold, synced) = time(|| backend.sync(plan, &PlanDiff::default()));
     synced.map_err(|error| anyhow::anyhow!("{} cold sync: {error}", mode.name()))?;
+    // Progress on stderr: under emulation a step at 10k can take minutes.
+    eprintln!("    {} mode: cold sync took {cold:?}", mode.name());
     let cold_phases = phases(backend);
-    check_programmed(mode, options.services, &[]).context("after the cold sync")?;
+    let (checked, check) = time(|| check_programmed(mode, options.services, &[]));
+    check.context("after the cold sync")?;
+    eprintln!("    {} mode: reading the kernel back took {checked:?}", mode.name());
 
     let mut changes = Vec::new();
     let mut moved = Vec::new();
@@ -139,6 +143,7 @@ fn program<B: Dataplane>(
             backend.sync(plan, &diff)
         });
         synced.map_err(|error| anyhow::anyhow!("{} sync of change {k}: {error}", mode.name()))?;
+        eprintln!("    {} mode: change {k} took {took:?}", mode.name());
         changes.push(took);
         moved.push((s, moved_address(IpFamily::of(&service_ip(s)), k)));
     }
@@ -196,7 +201,9 @@ fn measure_in(lab: &Lab, mode: Mode, options: Options, stop: Arc<AtomicBool>) ->
     let connect = if options.connects > 0 {
         let client = lab.pod("client").namespace_name().to_owned();
         let service = SocketAddr::new(IpAddr::V4(LAB_SERVICE_IP), 80);
-        Some(connect_latency(lab, &client, service, server, options.connects, 4)?)
+        let (took, latency) = time(|| connect_latency(lab, &client, service, server, options.connects, 4));
+        eprintln!("    {} mode: the connects took {took:?}", mode.name());
+        Some(latency?)
     } else {
         None
     };
