@@ -22,6 +22,10 @@ use std::time::{Duration, Instant};
 use svcplane_controller::{AllocatorConfig, NodePortRange};
 use svcplane_source::{ManifestsFeed, ManifestsSettings, load_directory};
 
+#[path = "support/proc_status.rs"]
+mod proc_status;
+use proc_status::status_mib;
+
 const FILES: usize = 100;
 const NODES: usize = 10;
 
@@ -60,17 +64,6 @@ fn write_part(
     std::fs::write(&temporary, text)?;
     std::fs::rename(&temporary, &path)?;
     Ok(())
-}
-
-fn status_mib(field: &str) -> f64 {
-    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib: f64 = text
-        .lines()
-        .find_map(|line| line.strip_prefix(field))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
 }
 
 fn ms(d: Duration) -> String {

@@ -22,18 +22,11 @@ use std::time::Instant;
 use svcplane_controller::{AllocatorConfig, NodePortRange};
 use svcplane_source::{ManifestsFeed, ManifestsSettings};
 
-type Error = Box<dyn std::error::Error>;
+#[path = "support/proc_status.rs"]
+mod proc_status;
+use proc_status::status_mib;
 
-fn status_mib(field: &str) -> f64 {
-    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib: f64 = text
-        .lines()
-        .find_map(|line| line.strip_prefix(field))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
-}
+type Error = Box<dyn std::error::Error>;
 
 fn mib(bytes: isize) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
