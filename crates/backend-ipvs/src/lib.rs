@@ -297,6 +297,14 @@ struct Written {
     hairpins: Option<hairpin::HairpinCounts>,
 }
 
+impl Written {
+    /// Forgets everything but `kube-ipvs0`'s addresses: the next sync reads the kernel's
+    /// sets again and spells every set and rule.
+    fn forget_sets_and_rules(&mut self) {
+        *self = Written { addresses: self.addresses.take(), ..Written::default() };
+    }
+}
+
 impl IpvsBackend {
     /// IPVS mode writing its nat rules with `iptables`.
     pub fn new(config: IpvsConfig, iptables: IptablesCli) -> Self {
@@ -457,12 +465,10 @@ impl IpvsBackend {
         for (name, member, operation) in moves {
             // The hairpin sets are always written, and their members spelled as they are
             // read: were either not so, the record is forgotten and the next sync spells all.
-            let Some(set) = sets.get_mut(&name) else {
-                self.written = Written { addresses: self.written.addresses.take(), ..Written::default() };
-                return None;
-            };
-            let Some(entry) = ipset::entry(set.set_type, &member) else {
-                self.written = Written { addresses: self.written.addresses.take(), ..Written::default() };
+            let Some((set, entry)) =
+                sets.get_mut(&name).and_then(|set| ipset::entry(set.set_type, &member).map(|entry| (set, entry)))
+            else {
+                self.written.forget_sets_and_rules();
                 return None;
             };
             match operation {
@@ -478,7 +484,7 @@ impl IpvsBackend {
         // No rollback script: a failure forgets what was written, so the next sync reads
         // the kernel's sets (`ipset save`) and writes the difference.
         Some(self.ipset.apply(&changes).map(|()| operations).map_err(|error| {
-            self.written = Written { addresses: self.written.addresses.take(), ..Written::default() };
+            self.written.forget_sets_and_rules();
             DataplaneError::from(error)
         }))
     }
