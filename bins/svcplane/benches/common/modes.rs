@@ -301,13 +301,13 @@ fn check_nftables(plan: &NodePlan, services: usize, moved: &[(usize, IpAddr)]) -
         let expected = port.cluster_endpoints.len();
         let mut found = None;
         for table in &tables {
-            if netlink.count_rules(table, &chain)? > 0 {
-                found = Some(table.clone());
+            let rules = netlink.count_rules(table, &chain)?;
+            if rules > 0 {
+                found = Some((table, rules));
                 break;
             }
         }
-        let table = found.with_context(|| format!("no table holds {chain} (Service {service})"))?;
-        let rules = netlink.count_rules(&table, &chain)?;
+        let (table, rules) = found.with_context(|| format!("no table holds {chain} (Service {service})"))?;
         ensure!(rules == expected, "{chain} has {rules} rules, the plan {expected} endpoints");
         if let Some(address) = endpoint {
             let output = Command::new("nft")
