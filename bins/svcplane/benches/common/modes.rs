@@ -23,6 +23,7 @@ use svcplane_backend_iptables::IptablesBackend;
 use svcplane_backend_ipvs::{IpvsBackend, IpvsConfig};
 use svcplane_backend_nftables::NftablesBackend;
 use svcplane_backend_nftables::names::service_object;
+use svcplane_backend_nftables::render::is_svcplane_table;
 use svcplane_core::{Dataplane, Destination, IpFamily, NodePlan, PlanDiff};
 use svcplane_iptables::{IptablesCli, Variant};
 use svcplane_nft::{Family, NftNetlink, Nftables, TableName};
@@ -285,7 +286,8 @@ fn check_nftables(plan: &NodePlan, services: usize, moved: &[(usize, IpAddr)]) -
     let mut netlink = NftNetlink::new()?;
     let mut tables = Vec::new();
     for family in [Family::Ip, Family::Ip6] {
-        tables.extend(netlink.list_tables(family)?.into_iter().map(|name| TableName::new(family, name)));
+        let names = netlink.list_tables(family)?.into_iter().filter(|name| is_svcplane_table(name));
+        tables.extend(names.map(|name| TableName::new(family, name)));
     }
     ensure!(!tables.is_empty(), "no svcplane table in the kernel");
     let mut wanted: Vec<(IpAddr, Option<IpAddr>)> =
