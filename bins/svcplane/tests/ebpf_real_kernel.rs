@@ -373,7 +373,7 @@ mod cold_start {
     use std::process::Command;
 
     use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions};
-    use svcplane_bpf::{BackendKey, BackendValue, Scope, ServiceKey, ServiceValue};
+    use svcplane_bpf::{BackendValue, Scope, ServiceKey, ServiceValue};
     use svcplane_core::{
         Change, ClusterState, Dataplane, Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, NodeConfig,
         NodePlan, PlanDiff, Protocol, Service, ServicePort,
@@ -416,8 +416,8 @@ mod cold_start {
                 .expect("the sync")
         }
 
-        /// Every entry of the services and backends maps.
-        fn maps(&self) -> (BTreeMap<ServiceKey, ServiceValue>, BTreeMap<BackendKey, BackendValue>) {
+        /// Every entry of the services map, and the backends array's slots.
+        fn maps(&self) -> (BTreeMap<ServiceKey, ServiceValue>, Vec<BackendValue>) {
             let (services, backends) =
                 svcplane_bpf::sock_lb::open_pinned_services(&self.bpf_root).expect("opening the pinned maps");
             (services.iter().map(Result::unwrap).collect(), backends.iter().map(Result::unwrap).collect())
@@ -474,16 +474,27 @@ mod cold_start {
     fn endpoints_of(
         s: usize,
         services: &BTreeMap<ServiceKey, ServiceValue>,
-        backends: &BTreeMap<BackendKey, BackendValue>,
+        backends: &[BackendValue],
     ) -> Vec<SocketAddr> {
-        let key = ServiceKey::new(SocketAddr::new(service_ip(s), 80), svcplane_bpf::maps::PROTO_TCP, Scope::Pod);
-        let value = services.get(&key).unwrap_or_else(|| panic!("Service {s} is in the services map"));
-        (0..value.count)
-            .map(|slot| {
-                let key = BackendKey { backend_set: value.backend_set, slot };
-                backends.get(&key).unwrap_or_else(|| panic!("slot {slot} of Service {s}")).address()
+        let value = pod_frontend(s, services);
+        (value.first..value.first + value.count)
+            .map(|index| {
+                let slot = backends.get(index as usize).unwrap_or_else(|| panic!("slot {index} of Service {s}"));
+                assert_ne!(slot.port, 0, "slot {index} of Service {s} is written");
+                slot.address()
             })
             .collect()
+    }
+
+    /// What a pod of the node finds for Service `s` in the services map.
+    fn pod_frontend(s: usize, services: &BTreeMap<ServiceKey, ServiceValue>) -> ServiceValue {
+        let key = ServiceKey::new(SocketAddr::new(service_ip(s), 80), svcplane_bpf::maps::PROTO_TCP, Scope::Pod);
+        *services.get(&key).unwrap_or_else(|| panic!("Service {s} is in the services map"))
+    }
+
+    /// Slots of the backends array that hold an endpoint.
+    fn written(backends: &[BackendValue]) -> usize {
+        backends.iter().filter(|slot| slot.port != 0).count()
     }
 
     #[test]
@@ -512,7 +523,7 @@ mod cold_start {
 
         let (services, backends) = threaded.maps();
         assert_eq!((services.clone(), backends.clone()), one_thread.maps(), "the same entries either way");
-        assert_eq!(backends.len(), SERVICES * ENDPOINTS, "one slot per endpoint");
+        assert_eq!(written(&backends), SERVICES * ENDPOINTS, "one slot per endpoint");
         assert_eq!(
             endpoints_of(7, &services, &backends),
             (0..ENDPOINTS)
@@ -521,8 +532,8 @@ mod cold_start {
             "Service 7's endpoints in slot order"
         );
 
-        // A new process adopts the pinned maps and links: its cold start rewrites every
-        // entry with fresh ids and removes the old ones.
+        // A new process adopts the pinned maps and links: its cold start gives fresh ids and
+        // keeps every set in the range that already holds its endpoints (no slot written).
         drop(backend);
         let mut backend = threaded.backend(false);
         assert!(threaded.sync(&mut backend, &plan, &PlanDiff::default()).full, "a new process syncs in full");
@@ -532,13 +543,20 @@ mod cold_start {
             services.keys().collect::<Vec<_>>(),
             "the same frontends"
         );
-        assert_eq!(adopted_backends.len(), backends.len(), "the old slots are gone");
+        assert_eq!(adopted_backends, backends, "no slot written again");
         assert!(
             adopted_services
                 .values()
                 .zip(services.values())
                 .all(|(new, old)| new.backend_set != old.backend_set || new.count == 0),
             "fresh set ids"
+        );
+        assert!(
+            adopted_services
+                .values()
+                .zip(services.values())
+                .all(|(new, old)| (new.first, new.count) == (old.first, old.count)),
+            "the same ranges"
         );
         assert_eq!(endpoints_of(7, &adopted_services, &adopted_backends), endpoints_of(7, &services, &backends));
 
@@ -556,8 +574,19 @@ mod cold_start {
             "the old one is out: {endpoints:?}"
         );
         assert_eq!(endpoints.len(), ENDPOINTS);
-        assert_eq!(after_backends.len(), backends.len(), "no slot left behind");
+        let (old_range, new_range) = (pod_frontend(7, &adopted_services), pod_frontend(7, &after_services));
+        assert!(
+            new_range.first >= old_range.first + old_range.count
+                || new_range.first + new_range.count <= old_range.first,
+            "the changed set was written to a new range, not over the one its frontends named: {old_range:?} -> {new_range:?}"
+        );
+        assert_eq!(new_range.backend_set, old_range.backend_set, "the set keeps its id (affinity, Maglev)");
+        assert!(
+            after_services.values().all(|v| v.count == 0 || v.first != old_range.first),
+            "no frontend names the old range"
+        );
         for s in (0..SERVICES).filter(|s| *s != 7) {
+            assert_eq!(pod_frontend(s, &after_services), pod_frontend(s, &adopted_services), "Service {s} untouched");
             assert_eq!(
                 endpoints_of(s, &after_services, &after_backends),
                 endpoints_of(s, &adopted_services, &adopted_backends),

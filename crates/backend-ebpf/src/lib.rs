@@ -4,11 +4,14 @@
 //! an in-memory record of what it wrote. Its first sync has `svcplane-bpf` load the programs
 //! on threads of their own while it fills the maps (see `docs/backend-ebpf.md`, "Cold start").
 //!
+//! Traffic from outside the node is translated by the tc program, whose maps (Maglev
+//! tables, source ranges) it fills from the same rendering.
+//!
 //! What it does not do: decide any Service rule (the plan does), or load, pin and attach
-//! programs itself (`svcplane-bpf` does). Traffic from outside the node (tc programs) is not
-//! handled yet: see `docs/backend-ebpf.md`.
+//! programs itself (`svcplane-bpf` does).
 
 pub mod render;
+mod slots;
 pub mod sync;
 
 pub use render::{Decision, NodeAddresses, PortEntries, render_all, render_port, render_text};

@@ -3,9 +3,11 @@
 //! sync (first sync, drift, after a failure) adopts whatever the pinned maps hold, writes
 //! everything and removes what the plan no longer has.
 //!
-//! Write order keeps every lookup whole: an endpoint set's slots are written before any
-//! frontend's count grows to cover them, and slots are removed only after every frontend's
-//! count shrank below them.
+//! Write order keeps every lookup whole: an endpoint set's slots are a range of the backends
+//! array that is written before any frontend names it and never written again while one
+//! does; a changed set goes to a new range, its frontends are moved there, and the old range
+//! is given back (held a while before reuse, see `slots`). A full sync over maps that
+//! already hold a set's endpoints in a range adopts that range instead of writing it again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -17,12 +19,12 @@ use svcplane_bpf::aya_maps::IterableMap;
 use svcplane_bpf::maps::PortName;
 use svcplane_bpf::tc::TcNat;
 use svcplane_bpf::{
-    BackendKey, BackendValue, BpfError, LiveKey, MapSizes, ServiceFlags, ServiceKey, ServiceValue, SockLb,
-    SockLbOptions,
+    BackendValue, BpfError, LiveKey, MapSizes, ServiceFlags, ServiceKey, ServiceValue, SockLb, SockLbOptions,
 };
 use svcplane_core::{Dataplane, DataplaneError, EndpointSetKind, NodePlan, PlanDiff, PlanKey, SyncReport, TableUsage};
 
 use crate::render::{Decision, NodeAddresses, PortEntries, render_port, render_text};
+use crate::slots::Ranges;
 
 /// How often drift checks may run.
 /// How often the pins and the node's addresses are checked (cheap: a stat per pin): a
@@ -84,6 +86,8 @@ pub const DEFAULT_BPF_ROOT: &str = "/sys/fs/bpf/svcplane";
 struct Written {
     entries: PortEntries,
     set_ids: BTreeMap<EndpointSetKind, u32>,
+    /// Where each set's slots start in the backends array (as many as the set has).
+    firsts: BTreeMap<EndpointSetKind, u32>,
     /// The id of the service port in `svcplane_live` (from the same counter as set ids).
     port_id: u32,
 }
@@ -95,6 +99,16 @@ impl Written {
 
     fn usage(&self) -> MapUsage {
         MapUsage::of(&self.entries)
+    }
+
+    /// Each set's range in the backends array: (first slot, length).
+    fn ranges(&self) -> impl Iterator<Item = (EndpointSetKind, (u32, u32))> + '_ {
+        self.entries.sets.iter().map(|(kind, endpoints)| (*kind, (self.firsts[kind], endpoints.len() as u32)))
+    }
+
+    /// The slots of set `kind`, as the backends array holds them.
+    fn slots(&self, kind: EndpointSetKind) -> impl Iterator<Item = BackendValue> + '_ {
+        self.entries.sets[&kind].iter().map(|endpoint| self.entries.backend_value(*endpoint))
     }
 }
 
@@ -140,6 +154,8 @@ struct Built {
     bulk: Bulk,
     /// The first id given.
     first_id: u32,
+    /// The backends array's ranges as given, for an array nothing else uses.
+    slots: Ranges,
 }
 
 /// What the first part of a full sync wrote and found, for the rest of it.
@@ -148,7 +164,9 @@ struct Filled {
     record: BTreeMap<PlanKey, Written>,
     bulk: Bulk,
     old_services: BTreeSet<ServiceKey>,
-    old_backends: BTreeSet<BackendKey>,
+    /// Ranges of the backends array old frontends named that no wanted set adopted: given
+    /// back once the frontends have moved.
+    stale_ranges: BTreeSet<(u32, u32)>,
     old_live: BTreeSet<LiveKey>,
     wanted: MapUsage,
     operations: usize,
@@ -171,6 +189,8 @@ pub struct EbpfBackend {
     usage: MapUsage,
     /// The map the last sync found full, until a sync succeeds.
     full_map: Option<&'static str>,
+    /// Which ranges of the backends array the record's sets hold.
+    slots: Ranges,
     next_set: u32,
     full_pending: bool,
     node: NodeAddresses,
@@ -190,6 +210,7 @@ impl EbpfBackend {
     /// Nothing touches the kernel until the first sync.
     pub fn new(options: EbpfOptions) -> Self {
         Self {
+            slots: Ranges::new(options.sizes.backends),
             options,
             lb: None,
             tc: None,
@@ -419,7 +440,7 @@ impl EbpfBackend {
         let at = Instant::now();
         let rendered = self.render_plan(plan);
         let at = self.phase("rendering the plan", at);
-        let built = rendered.map(|rendered| self.build_batches(plan, rendered));
+        let built = rendered.and_then(|rendered| self.build_batches(plan, rendered));
         let at = self.phase("giving ids, building the batches", at);
         // Always received (so kept alive), even when rendering failed.
         let lb = lb.recv().unwrap_or_else(|_| Err(panicked("opening the socket maps")));
@@ -438,7 +459,7 @@ impl EbpfBackend {
         let at = Instant::now();
         let rendered = self.render_plan(plan)?;
         let at = self.phase("rendering the plan", at);
-        let built = self.build_batches(plan, rendered);
+        let built = self.build_batches(plan, rendered)?;
         self.phase("giving ids, building the batches", at);
         let filled = self.fill_socket_maps(built)?;
         let filled = self.fill_tc_maps(plan, filled)?;
@@ -452,13 +473,15 @@ impl EbpfBackend {
         Ok(plan.service_ports.values().map(|port| render_port(plan, port, &self.node)).collect())
     }
 
-    /// Ids (from the next unused one on) and the batches of a full sync, for the rendered
-    /// ports: no map is read yet ([`EbpfBackend::fill_socket_maps`] moves the ids above
-    /// any the maps hold).
-    fn build_batches(&mut self, plan: &NodePlan, rendered: Vec<PortEntries>) -> Built {
+    /// Ids (from the next unused one on), ranges of the backends array and the batches of
+    /// a full sync, for the rendered ports: no map is read yet, so the ranges are laid out
+    /// as in an empty array ([`EbpfBackend::fill_socket_maps`] moves the ids above any the
+    /// maps hold, and lays the ranges out again around what the maps hold, if anything).
+    fn build_batches(&mut self, plan: &NodePlan, rendered: Vec<PortEntries>) -> Result<Built, BpfError> {
         let first_id = self.next_set;
         let mut record = BTreeMap::new();
         let mut bulk = Bulk::default();
+        let mut slots = Ranges::new(self.options.sizes.backends);
         for (key, entries) in plan.service_ports.keys().zip(rendered) {
             let set_ids: BTreeMap<EndpointSetKind, u32> = entries
                 .sets
@@ -471,11 +494,12 @@ impl EbpfBackend {
                 .collect();
             let port_id = self.next_set;
             self.next_set += 1;
-            let written = Written { entries, set_ids, port_id };
-            bulk.add(&written);
+            let firsts = take_ranges(&mut slots, &entries)?;
+            let written = Written { entries, set_ids, firsts, port_id };
+            bulk.add(&written, |_| true);
             record.insert(key.clone(), written);
         }
-        Built { record, bulk, first_id }
+        Ok(Built { record, bulk, first_id, slots })
     }
 
     /// The first part of a full sync: adopts what the socket maps hold, gives the rendered
@@ -483,19 +507,18 @@ impl EbpfBackend {
     /// endpoints, frontends and port names in bulk.
     fn fill_socket_maps(&mut self, built: Built) -> Result<Filled, BpfError> {
         let at = Instant::now();
-        let Built { mut record, mut bulk, first_id } = built;
+        let Built { mut record, mut bulk, first_id, slots } = built;
         let lb = self.lb.as_mut().expect("opened");
         // Adopt: whatever is in the maps now, from us or an earlier process.
-        let old_services: BTreeSet<ServiceKey> = lb.services.keys().filter_map(Result::ok).collect();
-        let old_backends: BTreeSet<BackendKey> = lb.backends.keys().filter_map(Result::ok).collect();
+        let old_frontends: Vec<(ServiceKey, ServiceValue)> = lb.services.iter().filter_map(Result::ok).collect();
+        let old_services: BTreeSet<ServiceKey> = old_frontends.iter().map(|(key, _)| *key).collect();
         let old_live: BTreeSet<LiveKey> = lb.live.keys().filter_map(Result::ok).collect();
         // Read before the new names are written: on a fresh node, one lookup instead of one
         // per name written.
         let old_names: Vec<u32> = lb.names.keys().filter_map(Result::ok).collect();
-        let highest = old_backends
+        let highest = old_frontends
             .iter()
-            .map(|k| k.backend_set)
-            .chain(lb.services.iter().filter_map(Result::ok).map(|(_, v)| v.backend_set.max(v.port_id)))
+            .map(|(_, v)| v.backend_set.max(v.port_id))
             .chain(old_live.iter().map(|k| k.port_id))
             .max()
             .unwrap_or(0);
@@ -511,18 +534,39 @@ impl EbpfBackend {
                 }
             }
             self.next_set += offset;
+        }
+        // Ranges old frontends name are adopted where they hold a wanted set's slots
+        // already, and kept out of the way of new ones otherwise until the frontends move.
+        let old_ranges: BTreeSet<(u32, u32)> =
+            old_frontends.iter().filter(|(_, v)| v.count > 0).map(|(_, v)| (v.first, v.count)).collect();
+        let mut stale_ranges = BTreeSet::new();
+        if old_ranges.is_empty() {
+            self.slots = slots;
+            if highest >= first_id {
+                bulk = Bulk::default();
+                for written in record.values() {
+                    bulk.add(written, |_| true);
+                }
+            }
+        } else {
+            let held: Vec<(Instant, u32, u32)> = self.slots.held().collect();
+            let capacity = self.options.sizes.backends;
+            let (slots, adopted, stale) = lay_out_around(&lb.batch.backends, capacity, held, &old_ranges, &mut record)?;
+            self.slots = slots;
+            stale_ranges = stale;
             bulk = Bulk::default();
             for written in record.values() {
-                bulk.add(written);
+                bulk.add(written, |kind| {
+                    !adopted.contains(&(written.firsts[&kind], written.entries.sets[&kind].len() as u32))
+                });
             }
         }
-        // Refused before anything is written if it cannot fit. Endpoint slots get fresh set
-        // ids, so the old ones stay until the new are in: both must fit at once.
+        // Refused before anything is written if it cannot fit (ranges were refused above).
         let mut wanted = MapUsage::default();
         for written in record.values() {
             wanted.add(written.usage());
         }
-        self.check_room(MapUsage { backends: wanted.backends + old_backends.len(), ..wanted })?;
+        self.check_room(wanted)?;
         let at = self.phase("reading what the maps hold", at);
         let lb = self.lb.as_mut().expect("opened");
         let operations = bulk.write(lb)?;
@@ -543,7 +587,7 @@ impl EbpfBackend {
             record,
             bulk,
             old_services,
-            old_backends,
+            stale_ranges,
             old_live,
             wanted,
             operations,
@@ -590,7 +634,7 @@ impl EbpfBackend {
             record,
             bulk,
             old_services,
-            old_backends,
+            stale_ranges,
             old_live,
             wanted,
             mut operations,
@@ -627,12 +671,11 @@ impl EbpfBackend {
                 operations += 1;
             }
         }
-        if !old_backends.is_empty() {
-            let wanted_backends: BTreeSet<BackendKey> = bulk.backend_keys.iter().copied().collect();
-            for key in old_backends.difference(&wanted_backends) {
-                remove_backend(lb, key)?;
-                operations += 1;
-            }
+        // No frontend names these any more: their slots are left as they are (nothing reads
+        // them) and handed out again after the hold.
+        let now = Instant::now();
+        for (first, length) in stale_ranges {
+            self.slots.give_back(first, length, now);
         }
         self.phase("removing stale entries", at);
         self.usage = wanted;
@@ -674,17 +717,61 @@ impl EbpfBackend {
             }
         }
         self.check_room(wanted)?;
+        self.slots.release_held(Instant::now());
+        // Ids, and a range for every set whose slots change, for every port before anything
+        // is written: a set that does not fit refuses the whole change.
+        let mut planned: Vec<(&PlanKey, Option<Written>, Option<Written>)> = Vec::with_capacity(rendered.len());
+        for (key, entries) in rendered {
+            let old = self.record.get(key).cloned();
+            let written = entries.map(|entries| self.plan_written(entries, old.as_ref()));
+            planned.push((key, old, written));
+        }
+        let mut taken: Vec<(u32, u32)> = Vec::new();
+        let mut refused = None;
+        'ports: for (_, old, written) in &mut planned {
+            let Some(written) = written else { continue };
+            for (kind, length) in
+                written.entries.sets.iter().map(|(kind, e)| (*kind, e.len() as u32)).collect::<Vec<_>>()
+            {
+                if old
+                    .as_ref()
+                    .is_some_and(|old| old.entries.sets.contains_key(&kind) && old.slots(kind).eq(written.slots(kind)))
+                {
+                    let first = old.as_ref().expect("checked").firsts[&kind];
+                    written.firsts.insert(kind, first);
+                    continue;
+                }
+                match self.slots.take(length) {
+                    Some(first) => {
+                        taken.push((first, length));
+                        written.firsts.insert(kind, first);
+                    }
+                    None => {
+                        refused = Some(BpfError::MapFull {
+                            map: svcplane_bpf::maps::BACKENDS_MAP,
+                            capacity: self.slots.capacity(),
+                        });
+                        break 'ports;
+                    }
+                }
+            }
+        }
+        if let Some(refused) = refused {
+            for (first, length) in taken {
+                self.slots.give_back_unused(first, length);
+            }
+            return Err(refused);
+        }
         let lb = self.lb.as_mut().expect("opened");
         let mut operations = 0;
         let mut ports = 0;
         // (frontend, endpoint) pairs of UDP ports whose endpoint stopped serving.
         let mut stopped_serving: BTreeSet<(SocketAddr, SocketAddr)> = BTreeSet::new();
-        for (key, entries) in rendered {
+        for (key, old, written) in planned {
             ports += 1;
-            let old = self.record.get(key).cloned();
-            let Some(entries) = entries else {
+            let Some(written) = written else {
                 if let Some(old) = old {
-                    operations += remove_written(lb, &old, None)?;
+                    operations += remove_written(lb, &mut self.slots, &old, None)?;
                     let _ = lb.names.remove(&old.port_id);
                     for live in old.live_keys() {
                         remove_live(lb, &live)?;
@@ -698,27 +785,7 @@ impl EbpfBackend {
                 }
                 continue;
             };
-            let mut set_ids = BTreeMap::new();
-            for kind in entries.sets.keys() {
-                let id = match old.as_ref().and_then(|o| o.set_ids.get(kind)) {
-                    Some(id) => *id,
-                    None => {
-                        let id = self.next_set;
-                        self.next_set += 1;
-                        id
-                    }
-                };
-                set_ids.insert(*kind, id);
-            }
-            let port_id = old.as_ref().map_or_else(
-                || {
-                    let id = self.next_set;
-                    self.next_set += 1;
-                    id
-                },
-                |o| o.port_id,
-            );
-            let written = Written { entries, set_ids, port_id };
+            let port_id = written.port_id;
             if old.is_none() {
                 lb.names.insert(port_id, port_name(key), 0).map_err(|source| {
                     map_error(svcplane_bpf::maps::PORT_NAMES_MAP, lb.sizes.services, port_id, source)
@@ -733,7 +800,7 @@ impl EbpfBackend {
             operations += write_sets(lb, &written, old.as_ref())?;
             operations += write_frontends(lb, &written)?;
             if let Some(old) = &old {
-                operations += remove_written(lb, old, Some(&written))?;
+                operations += remove_written(lb, &mut self.slots, old, Some(&written))?;
             }
             for live in old_live.difference(&new_live) {
                 remove_live(lb, live)?;
@@ -757,6 +824,32 @@ impl EbpfBackend {
             self.close_sockets_to_gone_endpoints(stopped_serving);
         }
         Ok(SyncReport { full: false, service_ports: ports, operations })
+    }
+
+    /// A changed port's ids (its old ones where it had them, fresh ones otherwise); its
+    /// ranges are given by the caller.
+    fn plan_written(&mut self, entries: PortEntries, old: Option<&Written>) -> Written {
+        let mut set_ids = BTreeMap::new();
+        for kind in entries.sets.keys() {
+            let id = match old.and_then(|o| o.set_ids.get(kind)) {
+                Some(id) => *id,
+                None => {
+                    let id = self.next_set;
+                    self.next_set += 1;
+                    id
+                }
+            };
+            set_ids.insert(*kind, id);
+        }
+        let port_id = old.map_or_else(
+            || {
+                let id = self.next_set;
+                self.next_set += 1;
+                id
+            },
+            |o| o.port_id,
+        );
+        Written { entries, set_ids, firsts: BTreeMap::new(), port_id }
     }
 
     /// The node's own connected UDP sockets the balancer pointed, for a Service address,
@@ -789,7 +882,8 @@ impl EbpfBackend {
 /// frontends that lead to them.
 #[derive(Debug, Default)]
 struct Bulk {
-    backend_keys: Vec<BackendKey>,
+    /// Indices in the backends array.
+    backend_keys: Vec<u32>,
     backend_values: Vec<BackendValue>,
     live_keys: Vec<LiveKey>,
     service_keys: Vec<ServiceKey>,
@@ -797,12 +891,16 @@ struct Bulk {
 }
 
 impl Bulk {
-    fn add(&mut self, written: &Written) {
-        for (kind, endpoints) in &written.entries.sets {
-            let id = written.set_ids[kind];
-            for (slot, endpoint) in endpoints.iter().enumerate() {
-                self.backend_keys.push(BackendKey { backend_set: id, slot: slot as u32 });
-                self.backend_values.push(written.entries.backend_value(*endpoint));
+    /// Every entry of `written`; the slots only of the sets `write_slots` names (the others
+    /// are in their ranges already).
+    fn add(&mut self, written: &Written, write_slots: impl Fn(EndpointSetKind) -> bool) {
+        for (kind, (first, _)) in written.ranges() {
+            if !write_slots(kind) {
+                continue;
+            }
+            for (index, value) in (first..).zip(written.slots(kind)) {
+                self.backend_keys.push(index);
+                self.backend_values.push(value);
             }
         }
         self.live_keys.extend(written.live_keys());
@@ -839,26 +937,99 @@ fn batch_error(map: &'static str, capacity: u32, source: std::io::Error) -> BpfE
     }
 }
 
-/// Writes the endpoint slots of `written`'s sets, skipping slots `old` already holds alike.
+/// Writes the slots of `written`'s sets that are not in `old`'s ranges already (each in
+/// one batch: a new range no frontend names yet).
 fn write_sets(lb: &mut SockLb, written: &Written, old: Option<&Written>) -> Result<usize, BpfError> {
     let mut operations = 0;
-    for (kind, endpoints) in &written.entries.sets {
-        let id = written.set_ids[kind];
-        let before = old
-            .filter(|o| o.set_ids.get(kind) == Some(&id))
-            .and_then(|o| o.entries.sets.get(kind))
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        for (slot, endpoint) in endpoints.iter().enumerate() {
-            let value = written.entries.backend_value(*endpoint);
-            if before.get(slot) == Some(endpoint) && old.map(|o| o.entries.backend_value(*endpoint)) == Some(value) {
-                continue;
-            }
-            insert_backend(lb, BackendKey { backend_set: id, slot: slot as u32 }, value)?;
-            operations += 1;
+    for (kind, (first, length)) in written.ranges() {
+        if length == 0 || old.is_some_and(|old| keeps_range(old, written, kind)) {
+            continue;
         }
+        let keys: Vec<u32> = (first..first + length).collect();
+        let values: Vec<BackendValue> = written.slots(kind).collect();
+        svcplane_bpf::sys::update_batch(&lb.batch.backends, &keys, &values)
+            .map_err(|source| batch_error(svcplane_bpf::maps::BACKENDS_MAP, lb.sizes.backends, source))?;
+        operations += keys.len();
     }
     Ok(operations)
+}
+
+/// Whether set `kind` of `new` stays in `old`'s range: same range, same slots.
+fn keeps_range(old: &Written, new: &Written, kind: EndpointSetKind) -> bool {
+    old.firsts.get(&kind) == new.firsts.get(&kind)
+        && old.entries.sets.get(&kind).map(Vec::len) == new.entries.sets.get(&kind).map(Vec::len)
+        && old.entries.sets.contains_key(&kind)
+        && old.slots(kind).eq(new.slots(kind))
+}
+
+/// The range each set of `entries` gets in the backends array.
+fn take_ranges(slots: &mut Ranges, entries: &PortEntries) -> Result<BTreeMap<EndpointSetKind, u32>, BpfError> {
+    let mut firsts = BTreeMap::new();
+    for (kind, endpoints) in &entries.sets {
+        let Some(first) = slots.take(endpoints.len() as u32) else {
+            for (kind, first) in firsts {
+                slots.give_back_unused(first, entries.sets[&kind].len() as u32);
+            }
+            return Err(BpfError::MapFull { map: svcplane_bpf::maps::BACKENDS_MAP, capacity: slots.capacity() });
+        };
+        firsts.insert(*kind, first);
+    }
+    Ok(firsts)
+}
+
+/// Lays the wanted sets of `record` out around the ranges old frontends name (`old_ranges`,
+/// read back from the backends array): a wanted set whose slots an old range holds already
+/// adopts that range (each range once); the others get ranges that no old frontend names
+/// and no range still `held` covers. Returns the new allocator, the adopted ranges and the
+/// old ranges nobody adopted (to give back once no frontend names them).
+#[allow(clippy::type_complexity)]
+fn lay_out_around(
+    backends: &svcplane_bpf::aya_maps::MapData,
+    capacity: u32,
+    held: Vec<(Instant, u32, u32)>,
+    old_ranges: &BTreeSet<(u32, u32)>,
+    record: &mut BTreeMap<PlanKey, Written>,
+) -> Result<(Ranges, BTreeSet<(u32, u32)>, BTreeSet<(u32, u32)>), BpfError> {
+    let end = old_ranges.iter().map(|(first, length)| first.saturating_add(*length)).max().unwrap_or(0).min(capacity);
+    let stored: Vec<BackendValue> = svcplane_bpf::sys::read_array(backends, end).map_err(|source| BpfError::Io {
+        what: format!("reading map {} in bulk", svcplane_bpf::maps::BACKENDS_MAP),
+        source,
+    })?;
+    let mut slots = Ranges::new(capacity);
+    let mut by_content: std::collections::HashMap<&[BackendValue], Vec<u32>> = std::collections::HashMap::new();
+    for &(first, length) in old_ranges {
+        // Ranges this build wrote never overlap; one that does (or runs past the array) is
+        // not adopted.
+        if !slots.take_at(first, length) {
+            continue;
+        }
+        if let Some(content) = stored.get(first as usize..(first + length) as usize) {
+            by_content.entry(content).or_default().push(first);
+        }
+    }
+    for (at, first, length) in held {
+        slots.hold_at(at, first, length);
+    }
+    let mut adopted = BTreeSet::new();
+    for written in record.values_mut() {
+        let kinds: Vec<EndpointSetKind> = written.entries.sets.keys().copied().collect();
+        for kind in kinds {
+            let wanted: Vec<BackendValue> = written.slots(kind).collect();
+            let length = wanted.len() as u32;
+            let first = match by_content.get_mut(wanted.as_slice()).and_then(Vec::pop) {
+                Some(first) => {
+                    adopted.insert((first, length));
+                    first
+                }
+                None => {
+                    slots.take(length).ok_or(BpfError::MapFull { map: svcplane_bpf::maps::BACKENDS_MAP, capacity })?
+                }
+            };
+            written.firsts.insert(kind, first);
+        }
+    }
+    let stale = old_ranges.difference(&adopted).copied().collect();
+    Ok((slots, adopted, stale))
 }
 
 fn service_value(written: &Written, key: &ServiceKey, decision: Decision) -> ServiceValue {
@@ -876,6 +1047,7 @@ fn service_value(written: &Written, key: &ServiceKey, decision: Decision) -> Ser
             flags,
             affinity_timeout: written.entries.affinity_seconds,
             port_id: written.port_id,
+            first: written.firsts[&kind],
         },
         Decision::Reject => {
             ServiceValue { flags: ServiceFlags::REJECT, port_id: written.port_id, ..ServiceValue::default() }
@@ -896,8 +1068,15 @@ fn write_frontends(lb: &mut SockLb, written: &Written) -> Result<usize, BpfError
     Ok(written.entries.frontends.len())
 }
 
-/// Removes what `old` wrote that `new` (if any) no longer has: frontends first, then slots.
-fn remove_written(lb: &mut SockLb, old: &Written, new: Option<&Written>) -> Result<usize, BpfError> {
+/// Removes what `old` wrote that `new` (if any) no longer has: frontends first, then the
+/// ranges `new` does not keep are given back (their slots stay as they are: nothing names
+/// them, and they are handed out again only after the hold).
+fn remove_written(
+    lb: &mut SockLb,
+    slots: &mut Ranges,
+    old: &Written,
+    new: Option<&Written>,
+) -> Result<usize, BpfError> {
     let mut operations = 0;
     for key in old.entries.frontends.keys() {
         if new.is_some_and(|n| n.entries.frontends.contains_key(key)) {
@@ -906,14 +1085,12 @@ fn remove_written(lb: &mut SockLb, old: &Written, new: Option<&Written>) -> Resu
         remove_service(lb, key)?;
         operations += 1;
     }
-    for (kind, endpoints) in &old.entries.sets {
-        let id = old.set_ids[kind];
-        let keep =
-            new.filter(|n| n.set_ids.get(kind) == Some(&id)).and_then(|n| n.entries.sets.get(kind)).map_or(0, Vec::len);
-        for slot in keep..endpoints.len() {
-            remove_backend(lb, &BackendKey { backend_set: id, slot: slot as u32 })?;
-            operations += 1;
+    let now = Instant::now();
+    for (kind, (first, length)) in old.ranges() {
+        if new.is_some_and(|new| keeps_range(old, new, kind)) {
+            continue;
         }
+        slots.give_back(first, length, now);
     }
     Ok(operations)
 }
@@ -982,30 +1159,12 @@ fn remove_live(lb: &mut SockLb, key: &LiveKey) -> Result<(), BpfError> {
     }
 }
 
-fn insert_backend(lb: &mut SockLb, key: BackendKey, value: BackendValue) -> Result<(), BpfError> {
-    lb.backends.insert(key, value, 0).map_err(|source| {
-        map_error(svcplane_bpf::maps::BACKENDS_MAP, lb.sizes.backends, format!("{key:?} -> {value:?}"), source)
-    })
-}
-
 fn remove_service(lb: &mut SockLb, key: &ServiceKey) -> Result<(), BpfError> {
     match lb.services.remove(key) {
         Ok(()) => Ok(()),
         Err(error) if is_not_found(&error) => Ok(()),
         Err(source) => Err(BpfError::Map {
             map: svcplane_bpf::maps::SERVICES_MAP,
-            what: format!("removing {key:?}"),
-            source: Box::new(source),
-        }),
-    }
-}
-
-fn remove_backend(lb: &mut SockLb, key: &BackendKey) -> Result<(), BpfError> {
-    match lb.backends.remove(key) {
-        Ok(()) => Ok(()),
-        Err(error) if is_not_found(&error) => Ok(()),
-        Err(source) => Err(BpfError::Map {
-            map: svcplane_bpf::maps::BACKENDS_MAP,
             what: format!("removing {key:?}"),
             source: Box::new(source),
         }),
@@ -1079,7 +1238,8 @@ impl Dataplane for EbpfBackend {
         let sizes = self.options.sizes;
         [
             (SERVICES_MAP, self.usage.services, sizes.services),
-            (BACKENDS_MAP, self.usage.backends, sizes.backends),
+            // Slots of the record's sets and of ranges held before reuse.
+            (BACKENDS_MAP, self.slots.in_use() as usize, sizes.backends),
             (LIVE_MAP, self.usage.live, sizes.backends),
             (PORT_NAMES_MAP, self.usage.names, sizes.services),
         ]
@@ -1174,6 +1334,7 @@ impl Dataplane for EbpfBackend {
         self.tc = None;
         self.record.clear();
         self.usage = MapUsage::default();
+        self.slots = Ranges::new(self.options.sizes.backends);
         self.full_pending = true;
         Ok(svcplane_bpf::cleanup(&self.options.bpf_root)?)
     }

@@ -37,6 +37,7 @@ struct svc_key {
 };
 
 struct svc_value {
+	/* The set's id: affinity entries and Maglev tables are kept per set. */
 	__u32 backend_set;
 	__u32 count;
 	__u32 flags;
@@ -44,11 +45,8 @@ struct svc_value {
 	/* The service port this frontend belongs to (one id per service port and family):
 	 * UDP flows stay on an endpoint while (port_id, endpoint) is in svcplane_live. */
 	__u32 port_id;
-};
-
-struct backend_key {
-	__u32 backend_set;
-	__u32 slot;
+	/* The set's slots are svcplane_backends[first .. first + count). */
+	__u32 first;
 };
 
 struct backend_value {
@@ -123,10 +121,12 @@ struct config {
 	__u64 host_netns_cookie;
 };
 
-/* The services and backends maps are preallocated (no BPF_F_NO_PREALLOC): a cold start
- * writes ~130k entries into them at 10k Services, and an insert into a preallocated map
- * takes a free element instead of allocating one, which is what the cold start spent
- * most of its write time on. The price is their full size in kernel memory from the start. */
+/* The services map is preallocated (no BPF_F_NO_PREALLOC): a cold start writes ~30k
+ * entries into it at 10k Services, and an insert into a preallocated map takes a free
+ * element instead of allocating one. The endpoint slots are an array: each set is a range
+ * of it that is never rewritten while a frontend names it (a changed set is written to a
+ * new range and the frontends are moved to it), so a lookup never sees a slot half
+ * written; an array takes ~100k slots at a cold start in a fraction of a hash's time. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
@@ -136,12 +136,23 @@ struct {
 } svcplane_services SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 65536);
-	__type(key, struct backend_key);
+	__type(key, __u32);
 	__type(value, struct backend_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svcplane_backends SEC(".maps");
+
+/* The endpoint in slot `slot` of `svc`'s set, or NULL (out of the map, or an empty slot:
+ * an endpoint's port is never 0). */
+static __always_inline struct backend_value *backend_slot(const struct svc_value *svc, __u32 slot)
+{
+	__u32 index = svc->first + slot;
+	struct backend_value *backend = bpf_map_lookup_elem(&svcplane_backends, &index);
+	if (!backend || backend->port == 0)
+		return NULL;
+	return backend;
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);

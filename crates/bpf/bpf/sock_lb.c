@@ -101,9 +101,9 @@ static __always_inline int pick(struct bpf_sock_addr *ctx, struct svc_key *key, 
 		struct affinity_value *aff = bpf_map_lookup_elem(&svcplane_affinity, &akey);
 		if (aff && now - aff->last_used_ns <= (__u64)svc->affinity_timeout * NS_PER_SEC) {
 			/* Still an endpoint of the set? Scan is bounded: the slot is kept too. */
-			struct backend_key bkey = { .backend_set = set, .slot = aff->backend.pad };
-			struct backend_value *still = bpf_map_lookup_elem(&svcplane_backends, &bkey);
-			if (still && bkey.slot < count && same_backend(still, &aff->backend)) {
+			__u32 slot = aff->backend.pad;
+			struct backend_value *still = slot < count ? backend_slot(svc, slot) : NULL;
+			if (still && same_backend(still, &aff->backend)) {
 				aff->last_used_ns = now;
 				*out = *still;
 				count_connection(svc->port_id, still);
@@ -112,15 +112,15 @@ static __always_inline int pick(struct bpf_sock_addr *ctx, struct svc_key *key, 
 		}
 	}
 
-	struct backend_key bkey = { .backend_set = set, .slot = bpf_get_prandom_u32() % count };
-	struct backend_value *backend = bpf_map_lookup_elem(&svcplane_backends, &bkey);
+	__u32 slot = bpf_get_prandom_u32() % count;
+	struct backend_value *backend = backend_slot(svc, slot);
 	if (!backend)
 		return LB_DROP; /* a set being rewritten: never a half-updated answer */
 	*out = *backend;
 	count_connection(svc->port_id, backend);
 	if (flags & SVC_F_AFFINITY) {
 		struct affinity_value fresh = { .last_used_ns = now, .backend = *backend };
-		fresh.backend.pad = (__u16)bkey.slot;
+		fresh.backend.pad = (__u16)slot;
 		bpf_map_update_elem(&svcplane_affinity, &akey, &fresh, BPF_ANY);
 	}
 	return LB_REWRITE;

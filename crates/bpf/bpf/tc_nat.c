@@ -378,17 +378,17 @@ static __always_inline struct backend_value *pick(const struct packet *p, struct
 		now = bpf_ktime_get_ns();
 		struct affinity_value *aff = bpf_map_lookup_elem(&svcplane_affinity, &akey);
 		if (aff && now - aff->last_used_ns <= (__u64)svc->affinity_timeout * NS_PER_SEC) {
-			struct backend_key bkey = { .backend_set = svc->backend_set, .slot = aff->backend.pad };
-			struct backend_value *still = bpf_map_lookup_elem(&svcplane_backends, &bkey);
+			__u32 slot = aff->backend.pad;
+			struct backend_value *still = slot < count ? backend_slot(svc, slot) : NULL;
 			const __u32 *a = (const __u32 *)still, *b = (const __u32 *)&aff->backend;
-			if (still && bkey.slot < count && still->port == aff->backend.port && a[0] == b[0] &&
+			if (still && still->port == aff->backend.port && a[0] == b[0] &&
 			    a[1] == b[1] && a[2] == b[2] && a[3] == b[3]) {
 				aff->last_used_ns = now;
 				return still;
 			}
 		}
 	}
-	struct backend_key bkey = { .backend_set = svc->backend_set, .slot = bpf_get_prandom_u32() % count };
+	__u32 slot = bpf_get_prandom_u32() % count;
 	/* Without affinity, a Maglev table (where the set has one) picks by the flow's hash:
 	 * every node picks the same endpoint for a flow, and a changed set moves few flows. */
 	if (!(svc->flags & SVC_F_AFFINITY)) {
@@ -397,15 +397,15 @@ static __always_inline struct backend_value *pick(const struct packet *p, struct
 		void *table = bpf_map_lookup_elem(&svcplane_maglev, &svc->backend_set);
 		if (cfg && table && cfg->maglev_size) {
 			__u32 index = flow_hash(p) % cfg->maglev_size;
-			__u32 *slot = bpf_map_lookup_elem(table, &index);
-			if (slot && *slot < count)
-				bkey.slot = *slot;
+			__u32 *chosen = bpf_map_lookup_elem(table, &index);
+			if (chosen && *chosen < count)
+				slot = *chosen;
 		}
 	}
-	struct backend_value *backend = bpf_map_lookup_elem(&svcplane_backends, &bkey);
+	struct backend_value *backend = backend_slot(svc, slot);
 	if (backend && (svc->flags & SVC_F_AFFINITY)) {
 		struct affinity_value fresh = { .last_used_ns = now, .backend = *backend };
-		fresh.backend.pad = (__u16)bkey.slot;
+		fresh.backend.pad = (__u16)slot;
 		bpf_map_update_elem(&svcplane_affinity, &akey, &fresh, BPF_ANY);
 	}
 	return backend;

@@ -13,7 +13,7 @@ pub mod maglev;
 pub mod maps;
 /// aya's map traits, for callers holding the typed maps [`SockLb`] hands out.
 pub mod aya_maps {
-    pub use aya::maps::IterableMap;
+    pub use aya::maps::{IterableMap, MapData};
 }
 mod pins;
 mod pod;
@@ -25,7 +25,7 @@ pub mod upgrade;
 
 pub use error::BpfError;
 pub use maps::{
-    AffinityKey, AffinityValue, BackendKey, BackendValue, Config, LiveKey, RevEntry, RevKey, RevSock, RevValue, Scope,
+    AffinityKey, AffinityValue, BackendValue, Config, LiveKey, RevEntry, RevKey, RevSock, RevValue, Scope,
     ServiceFlags, ServiceKey, ServiceValue,
 };
 pub use pins::cleanup;

@@ -171,23 +171,19 @@ impl ServiceFlags {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ServiceValue {
+    /// The set's id (affinity entries and Maglev tables are kept per set).
     pub backend_set: u32,
     pub count: u32,
     pub flags: u32,
     pub affinity_timeout: u32,
     /// The service port the frontend belongs to (for [`LiveKey`]).
     pub port_id: u32,
+    /// The set's slots are `svcplane_backends[first .. first + count)`.
+    pub first: u32,
 }
 
-/// One slot of a backend set.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct BackendKey {
-    pub backend_set: u32,
-    pub slot: u32,
-}
-
-/// An endpoint.
+/// An endpoint, as one slot of a backend set (`svcplane_backends` is an array of them; a
+/// slot whose port is 0 is empty).
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct BackendValue {
@@ -407,8 +403,7 @@ pub struct Config {
 // A layout change in `common.h` that is not mirrored here fails the build.
 const _: () = {
     assert!(size_of::<ServiceKey>() == 20);
-    assert!(size_of::<ServiceValue>() == 20);
-    assert!(size_of::<BackendKey>() == 8);
+    assert!(size_of::<ServiceValue>() == 24);
     assert!(size_of::<BackendValue>() == 20);
     assert!(size_of::<RevKey>() == 32);
     assert!(size_of::<RevValue>() == 20);

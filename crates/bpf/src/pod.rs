@@ -8,15 +8,13 @@
 #![allow(unsafe_code)]
 
 use crate::maps::{
-    AffinityKey, AffinityValue, BackendKey, BackendValue, Config, LiveKey, RevKey, RevValue, ServiceKey, ServiceValue,
+    AffinityKey, AffinityValue, BackendValue, Config, LiveKey, RevKey, RevValue, ServiceKey, ServiceValue,
 };
 
 // SAFETY: see the module comment: repr(C), integer fields only, no implicit padding.
 unsafe impl aya::Pod for ServiceKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for ServiceValue {}
-// SAFETY: as above.
-unsafe impl aya::Pod for BackendKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for BackendValue {}
 // SAFETY: as above.

@@ -14,8 +14,8 @@ use aya::{Ebpf, EbpfLoader};
 
 use crate::maps::typed;
 use crate::maps::{
-    AFFINITY_MAP, AffinityKey, AffinityValue, BACKENDS_MAP, BackendKey, BackendValue, CONFIG_MAP, Config, LIVE_MAP,
-    LiveKey, RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue, UDP_FLOWS_MAP,
+    AFFINITY_MAP, AffinityKey, AffinityValue, BACKENDS_MAP, BackendValue, CONFIG_MAP, Config, LIVE_MAP, LiveKey,
+    RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue, UDP_FLOWS_MAP,
 };
 use crate::{BpfError, SOCK_LB_OBJECT, sys};
 
@@ -64,7 +64,6 @@ pub struct SockLbOptions {
 }
 
 /// The loaded, attached balancer and its maps.
-#[derive(Debug)]
 pub struct SockLb {
     pub services: ServicesMap,
     pub backends: BackendsMap,
@@ -86,6 +85,16 @@ pub struct SockLb {
     /// Whether the linked programs are being replaced by this build's
     /// ([`crate::upgrade::must_replace_linked_programs`], decided when the maps were opened).
     pub replacing: bool,
+}
+
+impl std::fmt::Debug for SockLb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SockLb")
+            .field("sizes", &self.sizes)
+            .field("adopted", &self.adopted)
+            .field("replacing", &self.replacing)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SockLb {
@@ -315,8 +324,8 @@ fn attach(ebpf: &mut Ebpf, program: &'static str, cgroup: &File, pin: &Path) -> 
 
 /// The services map, typed.
 pub type ServicesMap = HashMap<MapData, ServiceKey, ServiceValue>;
-/// The backends map, typed.
-pub type BackendsMap = HashMap<MapData, BackendKey, BackendValue>;
+/// The backends map, typed: slot `first + i` of a frontend's set at index `first + i`.
+pub type BackendsMap = Array<MapData, BackendValue>;
 
 /// Opens the pinned maps of a running or stopped balancer, without loading anything.
 pub fn open_pinned_services(bpf_root: &Path) -> Result<(ServicesMap, BackendsMap), BpfError> {
@@ -332,7 +341,7 @@ pub fn open_pinned_services(bpf_root: &Path) -> Result<(ServicesMap, BackendsMap
         what: "typing".into(),
         source: Box::new(source),
     })?;
-    let backends = HashMap::try_from(Map::HashMap(open(BACKENDS_MAP)?)).map_err(|source| BpfError::Map {
+    let backends = Array::try_from(Map::Array(open(BACKENDS_MAP)?)).map_err(|source| BpfError::Map {
         map: BACKENDS_MAP,
         what: "typing".into(),
         source: Box::new(source),

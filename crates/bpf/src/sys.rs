@@ -177,6 +177,63 @@ pub fn update_batch<K: aya::Pod, V: aya::Pod>(
     Ok(())
 }
 
+/// `BPF_MAP_LOOKUP_BATCH` (linux/bpf.h `enum bpf_cmd`).
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// Reads the first `len` entries of the array map `map` (`BPF_MAP_LOOKUP_BATCH`, a few
+/// system calls instead of one per entry). `V` must be the map's value type.
+pub fn read_array<V: aya::Pod + Default>(map: &aya::maps::MapData, len: u32) -> std::io::Result<Vec<V>> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let fd = map.fd().as_fd().as_raw_fd();
+    let mut values = vec![V::default(); len as usize];
+    let mut keys = vec![0u32; len as usize];
+    let mut done = 0usize;
+    // The kernel's position between calls: the index the next call starts at.
+    let mut next: u32 = 0;
+    while done < values.len() {
+        let mut out: u32 = 0;
+        let remaining = u32::try_from(values.len() - done).unwrap_or(u32::MAX);
+        let mut attr = BatchAttr {
+            in_batch: if done == 0 { 0 } else { (&raw const next) as u64 },
+            out_batch: (&raw mut out) as u64,
+            keys: keys[done..].as_mut_ptr() as u64,
+            values: values[done..].as_mut_ptr() as u64,
+            count: remaining,
+            map_fd: u32::try_from(fd).expect("file descriptors are not negative"),
+            ..BatchAttr::default()
+        };
+        // SAFETY: `attr` is a valid `bpf_attr.batch` for BPF_MAP_LOOKUP_BATCH on an array
+        // map (4-byte keys and batch positions); `keys` and `values` have room for `count`
+        // keys and `V`s (`Pod`, the map's value size), `next` and `out` for one position;
+        // all live for the whole call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                (&raw mut attr).cast::<libc::c_void>(),
+                size_of::<BatchAttr>(),
+            )
+        };
+        let read = attr.count as usize;
+        if rc < 0 {
+            let error = std::io::Error::last_os_error();
+            // ENOENT: the end of the map, with the last entries read.
+            if error.raw_os_error() != Some(libc::ENOENT) {
+                return Err(error);
+            }
+            done += read;
+            break;
+        }
+        if read == 0 {
+            break;
+        }
+        done += read;
+        next = out;
+    }
+    values.truncate(done);
+    Ok(values)
+}
+
 /// `BPF_OBJ_GET` and `BPF_LINK_UPDATE` (linux/bpf.h `enum bpf_cmd`).
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_LINK_UPDATE: libc::c_long = 29;

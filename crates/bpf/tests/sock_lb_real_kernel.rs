@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use svcplane_bpf::maps::{PROTO_TCP, PROTO_UDP};
-use svcplane_bpf::{BackendKey, BackendValue, Scope, ServiceFlags, ServiceKey, ServiceValue, SockLb, SockLbOptions};
+use svcplane_bpf::{BackendValue, Scope, ServiceFlags, ServiceKey, ServiceValue, SockLb, SockLbOptions};
 
 struct Sandbox {
     netns: String,
@@ -97,13 +97,15 @@ fn is_root() -> bool {
     false
 }
 
+/// Set `set`'s slots go to the backends array at `set * 16` (tests use small sets).
 fn insert_service(lb: &mut SockLb, frontend: &str, proto: u8, set: u32, backends: &[SocketAddr], flags: u32) {
-    for (slot, backend) in backends.iter().enumerate() {
-        let key = BackendKey { backend_set: set, slot: slot as u32 };
-        lb.backends.insert(key, BackendValue::new(*backend), 0).expect("backend insert");
+    let first = set * 16;
+    for (index, backend) in (first..).zip(backends) {
+        lb.backends.set(index, BackendValue::new(*backend), 0).expect("backend insert");
     }
     let key = ServiceKey::new(frontend.parse().unwrap(), proto, Scope::Pod);
-    let value = ServiceValue { backend_set: set, count: backends.len() as u32, flags, affinity_timeout: 0, port_id: 0 };
+    let count = backends.len() as u32;
+    let value = ServiceValue { backend_set: set, count, flags, affinity_timeout: 0, port_id: 0, first };
     lb.services.insert(key, value, 0).expect("service insert");
 }
 

@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use svcplane_bpf::maps::{PROTO_TCP, PROTO_UDP};
 use svcplane_bpf::tc::TcNat;
-use svcplane_bpf::{BackendKey, BackendValue, MapSizes, Scope, ServiceFlags, ServiceKey, ServiceValue};
+use svcplane_bpf::{BackendValue, MapSizes, Scope, ServiceFlags, ServiceKey, ServiceValue};
 
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
@@ -13,6 +13,8 @@ const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 11);
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
 const POD: Ipv4Addr = Ipv4Addr::new(198, 18, 129, 1);
 const CLUSTER_CIDR: &str = "198.18.128.0/17";
+/// Where the fixture puts its one endpoint in the backends array (set 7, slot 0).
+const SLOT: u32 = 7;
 
 fn is_root() -> bool {
     if nix::unistd::geteuid().is_root() {
@@ -51,9 +53,9 @@ impl Fixture {
         let (mut services, mut backends) =
             svcplane_bpf::sock_lb::open_pinned_services(&bpf_root).expect("the pinned maps");
         let backend = BackendValue::new(SocketAddr::new(IpAddr::V4(POD), 8080));
-        backends.insert(BackendKey { backend_set: 7, slot: 0 }, backend, 0).expect("a backend");
+        backends.set(SLOT, backend, 0).expect("a backend");
         let key = ServiceKey::new(frontend, proto, Scope::External);
-        let value = ServiceValue { backend_set: 7, count: 1, flags, affinity_timeout: 0, port_id: 0 };
+        let value = ServiceValue { backend_set: 7, count: 1, flags, affinity_timeout: 0, port_id: 0, first: SLOT };
         services.insert(key, value, 0).expect("a frontend");
         for range in allowed {
             tc.allow_source(&key, &range.parse().unwrap()).expect("a source range");
@@ -298,7 +300,7 @@ fn direct_server_return_leaves_flows_to_local_endpoints_untouched_but_for_the_dn
     let mut fixture = Fixture::with_direct_server_return(node_port, PROTO_TCP, ServiceFlags::MASQUERADE);
     let local = BackendValue::with_locality(SocketAddr::new(IpAddr::V4(POD), 8080), true);
     let (_, mut backends) = svcplane_bpf::sock_lb::open_pinned_services(&fixture.root.path().join("bpf")).unwrap();
-    backends.insert(BackendKey { backend_set: 7, slot: 0 }, local, 0).expect("the endpoint, local");
+    backends.set(SLOT, local, 0).expect("the endpoint, local");
     let client = socket(CLIENT, 40011);
     let (_, out) = fixture.tc.test_run(&frame(client, node_port, PROTO_TCP)).expect("a test run");
     assert_eq!(out[14], 0x45, "no option for an endpoint on this node");
