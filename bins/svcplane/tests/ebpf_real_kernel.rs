@@ -400,11 +400,18 @@ mod cold_start {
             Self { netns, cgroup, bpf_root }
         }
 
+        /// The backends array has room for every endpoint plus one changed set: a restart
+        /// must adopt the slots already written, not write them all again beside them.
         fn backend(&self, cold_start_on_one_thread: bool) -> EbpfBackend {
+            let sizes = svcplane_bpf::MapSizes {
+                backends: (SERVICES * ENDPOINTS + ENDPOINTS) as u32,
+                ..svcplane_bpf::MapSizes::default()
+            };
             EbpfBackend::new(EbpfOptions {
                 bpf_root: self.bpf_root.clone(),
                 cgroup: Some(self.cgroup.clone()),
                 cold_start_on_one_thread,
+                sizes,
                 ..EbpfOptions::default()
             })
         }
