@@ -269,19 +269,21 @@ impl EbpfBackend {
             (self.options.bpf_root.clone(), self.options.sizes, self.options.maglev_size);
         let (lb_sender, lb_receiver) = std::sync::mpsc::channel();
         // Whether the linked programs are an earlier build's, decided by the socket side
-        // before it changes anything (it may create shared maps anew).
-        let (pinned_sender, pinned_receiver) = std::sync::mpsc::channel::<bool>();
+        // before it changes anything (it may create shared maps anew), and the loader it
+        // opened its object with (one loader, one parse of the kernel's BTF).
+        let (pinned_sender, pinned_receiver) = std::sync::mpsc::channel::<(bool, svcplane_bpf::ObjectLoader)>();
         let (tc_sender, tc_receiver) = std::sync::mpsc::channel();
         type Timings = Vec<(&'static str, Duration)>;
         let (synced, sock_thread, tc_thread) = std::thread::scope(|scope| {
             type Staged = Option<svcplane_bpf::StagedPrograms>;
             let sock = scope.spawn(move || -> (Result<Staged, BpfError>, Timings) {
                 let started = Instant::now();
-                let opened = SockLb::open_maps(&options, cookie);
+                let mut loader = svcplane_bpf::ObjectLoader::new(&options.bpf_root, options.sizes);
+                let opened = SockLb::open_maps_with(&mut loader, &options, cookie);
                 let mut timings = vec![("opening the socket object and its maps (own thread)", started.elapsed())];
                 let programs = match opened {
                     Ok((lb, programs)) => {
-                        let _ = pinned_sender.send(lb.replacing);
+                        let _ = pinned_sender.send((lb.replacing, loader));
                         let _ = lb_sender.send(Ok(lb));
                         programs
                     }
@@ -299,11 +301,11 @@ impl EbpfBackend {
             });
             let tc = scope.spawn(move || -> (Result<Option<svcplane_bpf::tc::TcProgram>, BpfError>, Timings) {
                 // The tc object shares the socket object's maps through their pins.
-                let Ok(replacing) = pinned_receiver.recv() else {
+                let Ok((replacing, mut loader)) = pinned_receiver.recv() else {
                     return (Ok(None), Vec::new());
                 };
                 let started = Instant::now();
-                let opened = TcNat::open_maps_replacing(&bpf_root, sizes, maglev_size, replacing);
+                let opened = TcNat::open_maps_with(&mut loader, &bpf_root, sizes, maglev_size, replacing);
                 let mut timings = vec![("opening the tc object and its maps (own thread)", started.elapsed())];
                 let program = match opened {
                     Ok((tc, program)) => {
@@ -406,14 +408,16 @@ impl EbpfBackend {
         };
         let options = SockLbOptions { bpf_root: self.options.bpf_root.clone(), cgroup, sizes: self.options.sizes };
         let cookie = svcplane_bpf::sys::current_netns_cookie()?;
-        let (lb, programs) = SockLb::open_maps(&options, cookie)?;
+        let mut loader = svcplane_bpf::ObjectLoader::new(&options.bpf_root, options.sizes);
+        let (lb, programs) = SockLb::open_maps_with(&mut loader, &options, cookie)?;
         let replacing = lb.replacing;
         // Keeps the maps the programs refer to until they are loaded.
         let lb = self.lb.insert(lb);
         let (adopted, staged) = programs.attach_staging_replacements()?;
         lb.adopted = adopted;
         let at = self.phase("opening, loading and attaching the socket programs", at);
-        let (tc, program) = TcNat::open_maps_replacing(
+        let (tc, program) = TcNat::open_maps_with(
+            &mut loader,
             &self.options.bpf_root,
             self.options.sizes,
             self.options.maglev_size,

@@ -9,6 +9,7 @@
 //! policy. It writes what it is told into maps; `svcplane-backend-ebpf` decides what that is.
 
 mod error;
+pub mod loader;
 pub mod maglev;
 pub mod maps;
 /// aya's map traits, for callers holding the typed maps [`SockLb`] hands out.
@@ -24,6 +25,7 @@ pub mod tc;
 pub mod upgrade;
 
 pub use error::BpfError;
+pub use loader::ObjectLoader;
 pub use maps::{
     AffinityKey, AffinityValue, BackendValue, Config, LiveKey, RevEntry, RevKey, RevSock, RevValue, Scope,
     ServiceFlags, ServiceKey, ServiceValue,

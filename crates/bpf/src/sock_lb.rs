@@ -7,15 +7,15 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use aya::Ebpf;
 use aya::maps::{Array, HashMap, Map, MapData};
 use aya::programs::links::FdLink;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
-use aya::{Ebpf, EbpfLoader};
 
 use crate::maps::typed;
 use crate::maps::{
     AFFINITY_MAP, AffinityKey, AffinityValue, BACKENDS_MAP, BackendValue, CONFIG_MAP, Config, LIVE_MAP, LiveKey,
-    RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue, UDP_FLOWS_MAP,
+    RevKey, RevValue, SERVICES_MAP, SOCK_LB_MAPS, ServiceKey, ServiceValue,
 };
 use crate::{BpfError, SOCK_LB_OBJECT, sys};
 
@@ -112,6 +112,17 @@ impl SockLb {
     /// attached by [`SockPrograms::attach`], which may run on another thread meanwhile
     /// (the verifier's work is most of a cold start). `adopted` is false until then.
     pub fn open_maps(options: &SockLbOptions, host_netns_cookie: u64) -> Result<(Self, SockPrograms), BpfError> {
+        let mut loader = crate::ObjectLoader::new(&options.bpf_root, options.sizes);
+        Self::open_maps_with(&mut loader, options, host_netns_cookie)
+    }
+
+    /// [`SockLb::open_maps`] with a loader made for `options` (to open the tc object with
+    /// afterwards: [`crate::ObjectLoader`]).
+    pub fn open_maps_with(
+        loader: &mut crate::ObjectLoader,
+        options: &SockLbOptions,
+        host_netns_cookie: u64,
+    ) -> Result<(Self, SockPrograms), BpfError> {
         let cgroup = File::open(&options.cgroup).map_err(|source| BpfError::Cgroup {
             path: options.cgroup.clone(),
             what: "opening it (it must exist on a cgroup2 mount)",
@@ -129,17 +140,7 @@ impl SockLb {
         // an earlier build's (or use maps about to be created anew).
         let replacing = crate::upgrade::must_replace_linked_programs(&options.bpf_root, sizes);
         crate::upgrade::unpin_changed_maps(&options.bpf_root, SOCK_LB_OBJECT, "sock_lb.o", sizes, &SOCK_LB_MAPS)?;
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(&options.bpf_root)
-            .map_max_entries(SERVICES_MAP, sizes.services)
-            .map_max_entries(BACKENDS_MAP, sizes.backends)
-            .map_max_entries(AFFINITY_MAP, sizes.affinity)
-            // Serving endpoints per service port are about as many as backend slots.
-            .map_max_entries(LIVE_MAP, sizes.backends)
-            .map_max_entries(crate::maps::COUNTERS_MAP, sizes.backends)
-            .map_max_entries(UDP_FLOWS_MAP, sizes.reverse)
-            .load(SOCK_LB_OBJECT)
-            .map_err(|source| BpfError::Load { object: "sock_lb.o", source: Box::new(source) })?;
+        let mut ebpf = loader.open(SOCK_LB_OBJECT, "sock_lb.o")?;
 
         let mut config: Array<MapData, Config> = typed(&mut ebpf, CONFIG_MAP)?;
         config.set(0, Config { host_netns_cookie }, 0).map_err(|source| BpfError::Map {

@@ -6,14 +6,14 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use aya::Ebpf;
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{Array, HashOfMaps, MapData};
 use aya::programs::links::FdLink;
 use aya::programs::{SchedClassifier, TcAttachType};
-use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
 
-use crate::maps::{AFFINITY_MAP, BACKENDS_MAP, SERVICES_MAP, ServiceKey, address_bytes, typed};
+use crate::maps::{ServiceKey, address_bytes, typed};
 use crate::{BpfError, MapSizes, TC_NAT_OBJECT};
 
 pub use crate::maps::{CLUSTER_CIDRS_MAP, CT_MAP, MAGLEV_MAP, SOURCE_RANGES_MAP, TC_CONFIG_MAP};
@@ -119,17 +119,22 @@ impl TcNat {
         maglev_size: u32,
         replacing: bool,
     ) -> Result<(Self, TcProgram), BpfError> {
+        let mut loader = crate::ObjectLoader::new(bpf_root, sizes);
+        Self::open_maps_with(&mut loader, bpf_root, sizes, maglev_size, replacing)
+    }
+
+    /// [`TcNat::open_maps_replacing`] with a loader made for `bpf_root` and `sizes` (the one
+    /// the socket balancer was opened with: [`crate::ObjectLoader`]).
+    pub fn open_maps_with(
+        loader: &mut crate::ObjectLoader,
+        bpf_root: &Path,
+        sizes: MapSizes,
+        maglev_size: u32,
+        replacing: bool,
+    ) -> Result<(Self, TcProgram), BpfError> {
         // The maps shared with the socket balancer were checked when it opened.
         crate::upgrade::unpin_changed_maps(bpf_root, TC_NAT_OBJECT, "tc_nat.o", sizes, &TC_MAPS)?;
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(bpf_root)
-            .map_max_entries(SERVICES_MAP, sizes.services)
-            .map_max_entries(BACKENDS_MAP, sizes.backends)
-            .map_max_entries(AFFINITY_MAP, sizes.affinity)
-            .map_max_entries(crate::maps::LIVE_MAP, sizes.backends)
-            .map_max_entries(CT_MAP, sizes.reverse)
-            .load(TC_NAT_OBJECT)
-            .map_err(|source| BpfError::Load { object: "tc_nat.o", source: Box::new(source) })?;
+        let mut ebpf = loader.open(TC_NAT_OBJECT, "tc_nat.o")?;
         let config = typed(&mut ebpf, TC_CONFIG_MAP)?;
         let cluster_cidrs = typed(&mut ebpf, CLUSTER_CIDRS_MAP)?;
         let source_ranges = typed(&mut ebpf, SOURCE_RANGES_MAP)?;
