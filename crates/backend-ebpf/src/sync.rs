@@ -573,8 +573,11 @@ impl EbpfBackend {
         self.check_room(wanted)?;
         let at = self.phase("reading what the maps hold", at);
         let lb = self.lb.as_mut().expect("opened");
-        let operations = bulk.write(lb)?;
-        let at = self.phase("batched writes: slots, serving endpoints, frontends", at);
+        let mut operations = bulk.write_slots(lb)?;
+        let at = self.phase("batched writes: endpoint slots (array)", at);
+        let lb = self.lb.as_mut().expect("opened");
+        operations += bulk.write_frontends(lb)?;
+        let at = self.phase("batched writes: serving endpoints, frontends", at);
         let lb = self.lb.as_mut().expect("opened");
         let (name_ids, name_values): (Vec<u32>, Vec<PortName>) =
             record.iter().map(|(key, written)| (written.port_id, port_name(key))).unzip();
@@ -914,17 +917,23 @@ impl Bulk {
         }
     }
 
-    fn write(&self, lb: &SockLb) -> Result<usize, BpfError> {
-        use svcplane_bpf::maps::{BACKENDS_MAP, LIVE_MAP, SERVICES_MAP};
+    /// The endpoint slots: first, as no frontend may name a slot not written yet.
+    fn write_slots(&self, lb: &SockLb) -> Result<usize, BpfError> {
+        svcplane_bpf::sys::update_batch(&lb.batch.backends, &self.backend_keys, &self.backend_values)
+            .map_err(|source| batch_error(svcplane_bpf::maps::BACKENDS_MAP, lb.sizes.backends, source))?;
+        Ok(self.backend_keys.len())
+    }
+
+    /// The serving endpoints, then the frontends (after [`Bulk::write_slots`]).
+    fn write_frontends(&self, lb: &SockLb) -> Result<usize, BpfError> {
+        use svcplane_bpf::maps::{LIVE_MAP, SERVICES_MAP};
         let batch = &lb.batch;
-        svcplane_bpf::sys::update_batch(&batch.backends, &self.backend_keys, &self.backend_values)
-            .map_err(|source| batch_error(BACKENDS_MAP, lb.sizes.backends, source))?;
         let ones = vec![1u32; self.live_keys.len()];
         svcplane_bpf::sys::update_batch(&batch.live, &self.live_keys, &ones)
             .map_err(|source| batch_error(LIVE_MAP, lb.sizes.backends, source))?;
         svcplane_bpf::sys::update_batch(&batch.services, &self.service_keys, &self.service_values)
             .map_err(|source| batch_error(SERVICES_MAP, lb.sizes.services, source))?;
-        Ok(self.backend_keys.len() + self.live_keys.len() + self.service_keys.len())
+        Ok(self.live_keys.len() + self.service_keys.len())
     }
 }
 
