@@ -555,7 +555,7 @@ impl EbpfBackend {
         } else {
             let held: Vec<(Instant, u32, u32)> = self.slots.held().collect();
             let capacity = self.options.sizes.backends;
-            let (slots, adopted, stale) = lay_out_around(&lb.batch.backends, capacity, held, &old_ranges, &mut record)?;
+            let (slots, adopted, stale) = lay_out_around(&lb.slots, capacity, held, &old_ranges, &mut record)?;
             self.slots = slots;
             stale_ranges = stale;
             bulk = Bulk::default();
@@ -917,10 +917,14 @@ impl Bulk {
         }
     }
 
-    /// The endpoint slots: first, as no frontend may name a slot not written yet.
-    fn write_slots(&self, lb: &SockLb) -> Result<usize, BpfError> {
-        svcplane_bpf::sys::update_batch(&lb.batch.backends, &self.backend_keys, &self.backend_values)
-            .map_err(|source| batch_error(svcplane_bpf::maps::BACKENDS_MAP, lb.sizes.backends, source))?;
+    /// The endpoint slots, as memory of the mapped array: first, as no frontend may name a
+    /// slot not written yet.
+    fn write_slots(&self, lb: &mut SockLb) -> Result<usize, BpfError> {
+        for (index, value) in self.backend_keys.iter().zip(&self.backend_values) {
+            lb.slots
+                .write(*index, std::slice::from_ref(value))
+                .map_err(|source| batch_error(svcplane_bpf::maps::BACKENDS_MAP, lb.sizes.backends, source))?;
+        }
         Ok(self.backend_keys.len())
     }
 
@@ -950,19 +954,19 @@ fn batch_error(map: &'static str, capacity: u32, source: std::io::Error) -> BpfE
     }
 }
 
-/// Writes the slots of `written`'s sets that are not in `old`'s ranges already (each in
-/// one batch: a new range no frontend names yet).
+/// Writes the slots of `written`'s sets that are not in `old`'s ranges already (each a new
+/// range no frontend names yet, written as memory of the mapped array).
 fn write_sets(lb: &mut SockLb, written: &Written, old: Option<&Written>) -> Result<usize, BpfError> {
     let mut operations = 0;
     for (kind, (first, length)) in written.ranges() {
         if length == 0 || old.is_some_and(|old| keeps_range(old, written, kind)) {
             continue;
         }
-        let keys: Vec<u32> = (first..first + length).collect();
         let values: Vec<BackendValue> = written.slots(kind).collect();
-        svcplane_bpf::sys::update_batch(&lb.batch.backends, &keys, &values)
+        lb.slots
+            .write(first, &values)
             .map_err(|source| batch_error(svcplane_bpf::maps::BACKENDS_MAP, lb.sizes.backends, source))?;
-        operations += keys.len();
+        operations += values.len();
     }
     Ok(operations)
 }
@@ -997,17 +1001,14 @@ fn take_ranges(slots: &mut Ranges, entries: &PortEntries) -> Result<BTreeMap<End
 /// old ranges nobody adopted (to give back once no frontend names them).
 #[allow(clippy::type_complexity)]
 fn lay_out_around(
-    backends: &svcplane_bpf::aya_maps::MapData,
+    backends: &svcplane_bpf::sys::MappedArray,
     capacity: u32,
     held: Vec<(Instant, u32, u32)>,
     old_ranges: &BTreeSet<(u32, u32)>,
     record: &mut BTreeMap<PlanKey, Written>,
 ) -> Result<(Ranges, BTreeSet<(u32, u32)>, BTreeSet<(u32, u32)>), BpfError> {
     let end = old_ranges.iter().map(|(first, length)| first.saturating_add(*length)).max().unwrap_or(0).min(capacity);
-    let stored: Vec<BackendValue> = svcplane_bpf::sys::read_array(backends, end).map_err(|source| BpfError::Io {
-        what: format!("reading map {} in bulk", svcplane_bpf::maps::BACKENDS_MAP),
-        source,
-    })?;
+    let stored: Vec<BackendValue> = backends.read(0, end);
     let mut slots = Ranges::new(capacity);
     let mut by_content: std::collections::HashMap<&[BackendValue], Vec<u32>> = std::collections::HashMap::new();
     for &(first, length) in old_ranges {

@@ -140,6 +140,8 @@ struct {
 	__uint(max_entries, 65536);
 	__type(key, __u32);
 	__type(value, struct backend_value);
+	/* The proxy maps the array and writes new ranges as memory: no system call per slot. */
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svcplane_backends SEC(".maps");
 

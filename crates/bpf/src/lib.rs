@@ -14,7 +14,7 @@ pub mod maglev;
 pub mod maps;
 /// aya's map traits, for callers holding the typed maps [`SockLb`] hands out.
 pub mod aya_maps {
-    pub use aya::maps::{IterableMap, MapData};
+    pub use aya::maps::IterableMap;
 }
 mod pins;
 mod pod;

@@ -79,6 +79,8 @@ pub struct SockLb {
     pub names: HashMap<MapData, u32, crate::maps::PortName>,
     /// The same three maps again, untyped, for batched writes ([`crate::sys::update_batch`]).
     pub batch: BatchMaps,
+    /// The backends array, mapped: new ranges are written as memory.
+    pub slots: sys::MappedArray,
     pub sizes: MapSizes,
     /// Whether programs were already linked by an earlier process (adopted, not attached).
     pub adopted: bool,
@@ -160,7 +162,10 @@ impl SockLb {
             BatchMaps { services: pinned(SERVICES_MAP)?, backends: pinned(BACKENDS_MAP)?, live: pinned(LIVE_MAP)? };
         // The programs name these maps by file descriptor: the returned `SockLb` keeps them
         // open, and must live until the programs are loaded.
+        let slots = sys::MappedArray::new(&batch.backends, sizes.backends, size_of::<BackendValue>())
+            .map_err(|source| BpfError::Io { what: format!("mapping {BACKENDS_MAP} into memory"), source })?;
         let lb = Self {
+            slots,
             batch,
             services: typed(&mut ebpf, SERVICES_MAP)?,
             backends: typed(&mut ebpf, BACKENDS_MAP)?,

@@ -177,61 +177,107 @@ pub fn update_batch<K: aya::Pod, V: aya::Pod>(
     Ok(())
 }
 
-/// `BPF_MAP_LOOKUP_BATCH` (linux/bpf.h `enum bpf_cmd`).
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+/// An array map created with `BPF_F_MMAPABLE`, mapped into this process: its elements are
+/// read and written as memory, with no system call per element. A plain store is not
+/// atomic for a reader in the kernel, so a caller writes only elements no program can be
+/// reading (the backends array's ranges no frontend names yet).
+pub struct MappedArray {
+    base: std::ptr::NonNull<u8>,
+    length: usize,
+    /// Bytes per element: the value size rounded up to 8, as the kernel lays arrays out.
+    stride: usize,
+    value_size: usize,
+    entries: u32,
+}
 
-/// Reads the first `len` entries of the array map `map` (`BPF_MAP_LOOKUP_BATCH`, a few
-/// system calls instead of one per entry). `V` must be the map's value type.
-pub fn read_array<V: aya::Pod + Default>(map: &aya::maps::MapData, len: u32) -> std::io::Result<Vec<V>> {
-    use std::os::fd::{AsFd, AsRawFd};
-    let fd = map.fd().as_fd().as_raw_fd();
-    let mut values = vec![V::default(); len as usize];
-    let mut keys = vec![0u32; len as usize];
-    let mut done = 0usize;
-    // The kernel's position between calls: the index the next call starts at.
-    let mut next: u32 = 0;
-    while done < values.len() {
-        let mut out: u32 = 0;
-        let remaining = u32::try_from(values.len() - done).unwrap_or(u32::MAX);
-        let mut attr = BatchAttr {
-            in_batch: if done == 0 { 0 } else { (&raw const next) as u64 },
-            out_batch: (&raw mut out) as u64,
-            keys: keys[done..].as_mut_ptr() as u64,
-            values: values[done..].as_mut_ptr() as u64,
-            count: remaining,
-            map_fd: u32::try_from(fd).expect("file descriptors are not negative"),
-            ..BatchAttr::default()
-        };
-        // SAFETY: `attr` is a valid `bpf_attr.batch` for BPF_MAP_LOOKUP_BATCH on an array
-        // map (4-byte keys and batch positions); `keys` and `values` have room for `count`
-        // keys and `V`s (`Pod`, the map's value size), `next` and `out` for one position;
-        // all live for the whole call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                (&raw mut attr).cast::<libc::c_void>(),
-                size_of::<BatchAttr>(),
-            )
-        };
-        let read = attr.count as usize;
-        if rc < 0 {
-            let error = std::io::Error::last_os_error();
-            // ENOENT: the end of the map, with the last entries read.
-            if error.raw_os_error() != Some(libc::ENOENT) {
-                return Err(error);
-            }
-            done += read;
-            break;
-        }
-        if read == 0 {
-            break;
-        }
-        done += read;
-        next = out;
+// SAFETY: the mapping is plain shared memory owned by this value; moving it to another
+// thread moves nothing the kernel ties to a thread.
+unsafe impl Send for MappedArray {}
+
+impl std::fmt::Debug for MappedArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedArray").field("entries", &self.entries).field("stride", &self.stride).finish()
     }
-    values.truncate(done);
-    Ok(values)
+}
+
+impl MappedArray {
+    /// Maps the whole array `map` (`entries` elements of `value_size` bytes).
+    pub fn new(map: &aya::maps::MapData, entries: u32, value_size: usize) -> std::io::Result<Self> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let stride = value_size.div_ceil(8) * 8;
+        let page = 4096;
+        let length = (stride * entries as usize).div_ceil(page).max(1) * page;
+        let fd = map.fd().as_fd().as_raw_fd();
+        // SAFETY: a shared read-write mapping of a map fd (the kernel checks the map was
+        // created mmapable and that `length` fits it); nothing else in this process maps it
+        // at this address, and `Drop` unmaps exactly this range.
+        let address = unsafe {
+            libc::mmap(std::ptr::null_mut(), length, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if address == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let base =
+            std::ptr::NonNull::new(address.cast::<u8>()).ok_or_else(|| std::io::Error::other("mmap gave null"))?;
+        Ok(Self { base, length, stride, value_size, entries })
+    }
+
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// Writes `values` into elements `first ..`; fails, writing nothing, past the end.
+    pub fn write<V: aya::Pod>(&mut self, first: u32, values: &[V]) -> std::io::Result<()> {
+        assert_eq!(size_of::<V>(), self.value_size, "the map's value type");
+        let end = first as usize + values.len();
+        if end > self.entries as usize {
+            return Err(std::io::Error::from_raw_os_error(libc::E2BIG));
+        }
+        for (index, value) in (first as usize..).zip(values) {
+            // SAFETY: `index < entries`, so the element lies inside the mapping; `V` is
+            // `Pod` of the map's value size, copied as bytes (no alignment needed).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (value as *const V).cast::<u8>(),
+                    self.base.as_ptr().add(index * self.stride),
+                    self.value_size,
+                );
+            }
+        }
+        // The stores above come before whatever the caller publishes next (a frontend
+        // naming these elements, written by a system call).
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// Elements `first .. first + count` (fewer past the end).
+    pub fn read<V: aya::Pod + Default>(&self, first: u32, count: u32) -> Vec<V> {
+        assert_eq!(size_of::<V>(), self.value_size, "the map's value type");
+        let end = (first as usize + count as usize).min(self.entries as usize);
+        (first as usize..end)
+            .map(|index| {
+                let mut value = V::default();
+                // SAFETY: as in `write`, the other way round.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.base.as_ptr().add(index * self.stride),
+                        (&raw mut value).cast::<u8>(),
+                        self.value_size,
+                    );
+                }
+                value
+            })
+            .collect()
+    }
+}
+
+impl Drop for MappedArray {
+    fn drop(&mut self) {
+        // SAFETY: the range `new` mapped, unmapped once.
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.length);
+        }
+    }
 }
 
 /// `BPF_OBJ_GET` and `BPF_LINK_UPDATE` (linux/bpf.h `enum bpf_cmd`).
