@@ -544,7 +544,9 @@ impl EbpfBackend {
         let old_ranges: BTreeSet<(u32, u32)> =
             old_frontends.iter().filter(|(_, v)| v.count > 0).map(|(_, v)| (v.first, v.count)).collect();
         let mut stale_ranges = BTreeSet::new();
-        if old_ranges.is_empty() {
+        // The ranges given while the maps were not read yet stand when nothing in the maps
+        // is named and nothing this process gave back is still held.
+        if old_ranges.is_empty() && self.slots.held().next().is_none() {
             self.slots = slots;
             if highest >= first_id {
                 bulk = Bulk::default();
