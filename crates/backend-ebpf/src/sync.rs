@@ -742,12 +742,8 @@ impl EbpfBackend {
             for (kind, length) in
                 written.entries.sets.iter().map(|(kind, e)| (*kind, e.len() as u32)).collect::<Vec<_>>()
             {
-                if old
-                    .as_ref()
-                    .is_some_and(|old| old.entries.sets.contains_key(&kind) && old.slots(kind).eq(written.slots(kind)))
-                {
-                    let first = old.as_ref().expect("checked").firsts[&kind];
-                    written.firsts.insert(kind, first);
+                if let Some(old) = old.as_ref().filter(|old| same_slots(old, written, kind)) {
+                    written.firsts.insert(kind, old.firsts[&kind]);
                     continue;
                 }
                 match self.slots.take(length) {
@@ -975,10 +971,12 @@ fn write_sets(lb: &mut SockLb, written: &Written, old: Option<&Written>) -> Resu
 
 /// Whether set `kind` of `new` stays in `old`'s range: same range, same slots.
 fn keeps_range(old: &Written, new: &Written, kind: EndpointSetKind) -> bool {
-    old.firsts.get(&kind) == new.firsts.get(&kind)
-        && old.entries.sets.get(&kind).map(Vec::len) == new.entries.sets.get(&kind).map(Vec::len)
-        && old.entries.sets.contains_key(&kind)
-        && old.slots(kind).eq(new.slots(kind))
+    old.firsts.get(&kind) == new.firsts.get(&kind) && same_slots(old, new, kind)
+}
+
+/// Whether `old` had set `kind` with exactly the slots `new` wants for it.
+fn same_slots(old: &Written, new: &Written, kind: EndpointSetKind) -> bool {
+    old.entries.sets.contains_key(&kind) && old.slots(kind).eq(new.slots(kind))
 }
 
 /// The range each set of `entries` gets in the backends array.
