@@ -239,3 +239,16 @@ fn an_unconnected_udp_socket_that_asked_four_services_sees_each_reply_come_from_
     );
     drop(lb);
 }
+
+#[test]
+fn a_loader_made_without_the_kernel_btf_has_none_and_leaves_every_mount_the_process_sees_as_it_was() {
+    if !is_root() {
+        return;
+    }
+    let mounts = || std::fs::read_to_string("/proc/self/mountinfo").expect("reading mountinfo");
+    let before = mounts();
+    let loader = svcplane_bpf::loader::loader_without_kernel_btf().expect("a mount namespace of the thread's own");
+    assert!(format!("{loader:?}").starts_with("EbpfLoader { btf: None"), "{loader:?}");
+    assert_eq!(mounts(), before);
+    assert!(Path::new("/sys/kernel/btf/vmlinux").exists(), "the process still sees the kernel's BTF");
+}
