@@ -265,6 +265,8 @@ impl EbpfBackend {
         };
         let options = SockLbOptions { bpf_root: self.options.bpf_root.clone(), cgroup, sizes: self.options.sizes };
         let cookie = svcplane_bpf::sys::current_netns_cookie()?;
+        // Before the threads: the tc thread makes its flow table there at once.
+        svcplane_bpf::sys::ensure_bpffs(&options.bpf_root)?;
         let (bpf_root, sizes, maglev_size) =
             (self.options.bpf_root.clone(), self.options.sizes, self.options.maglev_size);
         let (lb_sender, lb_receiver) = std::sync::mpsc::channel();
@@ -300,13 +302,19 @@ impl EbpfBackend {
                 (attached, timings)
             });
             let tc = scope.spawn(move || -> (Result<Option<svcplane_bpf::tc::TcProgram>, BpfError>, Timings) {
+                let started = Instant::now();
+                // Made while the socket object opens: on a fresh root, the flow table is the
+                // largest map the tc object creates. A failure here is met again, and
+                // reported, when the tc object creates it.
+                let _ = TcNat::create_flow_table_ahead(&bpf_root, sizes);
+                let mut timings = vec![("creating the flow table ahead (own thread)", started.elapsed())];
                 // The tc object shares the socket object's maps through their pins.
                 let Ok((replacing, mut loader)) = pinned_receiver.recv() else {
-                    return (Ok(None), Vec::new());
+                    return (Ok(None), timings);
                 };
                 let started = Instant::now();
                 let opened = TcNat::open_maps_with(&mut loader, &bpf_root, sizes, maglev_size, replacing);
-                let mut timings = vec![("opening the tc object and its maps (own thread)", started.elapsed())];
+                timings.push(("opening the tc object and its maps (own thread)", started.elapsed()));
                 let program = match opened {
                     Ok((tc, program)) => {
                         let _ = tc_sender.send(Ok(tc));

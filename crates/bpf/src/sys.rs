@@ -60,6 +60,11 @@ pub fn ensure_bpffs(root: &Path) -> Result<bool, BpfError> {
     Ok(true)
 }
 
+/// Whether any link is pinned under `bpf_root` (programs of some build are attached).
+pub fn any_link_pinned(bpf_root: &Path) -> bool {
+    std::fs::read_dir(bpf_root.join(LINKS_DIR)).is_ok_and(|mut entries| entries.next().is_some())
+}
+
 /// Whether `root` is itself the mount point of a bpffs (not a directory inside one).
 pub fn is_bpffs_mount_point(root: &Path) -> bool {
     let parent = root.parent().unwrap_or(Path::new("/"));

@@ -94,6 +94,43 @@ impl std::fmt::Debug for TcNat {
 }
 
 impl TcNat {
+    /// Creates the tc program's flow table ([`CT_MAP`], an LRU hash of `sizes.reverse`
+    /// entries) and pins it where opening the tc object adopts it, so that its creation
+    /// (~20 ms at the default size: the kernel preallocates every entry) can run before, and
+    /// beside, the opening of the socket object the tc object waits for. Only on a fresh
+    /// root: with links pinned, a map created now would hide from the upgrade check that
+    /// the linked programs hold another one. Returns whether it made the table.
+    pub fn create_flow_table_ahead(bpf_root: &Path, sizes: MapSizes) -> Result<bool, BpfError> {
+        let pin = bpf_root.join(CT_MAP);
+        if !crate::sys::is_bpffs(bpf_root) || crate::sys::any_link_pinned(bpf_root) || pin.exists() {
+            return Ok(false);
+        }
+        let failed = |what: String, source: Box<dyn std::error::Error + Send + Sync>| BpfError::Io {
+            what: format!("BPF map {CT_MAP}: {what}"),
+            source: std::io::Error::other(source),
+        };
+        let mut parsed = aya_obj::Object::parse(TC_NAT_OBJECT)
+            .map_err(|source| failed("parsing the embedded tc_nat.o for its definition".into(), Box::new(source)))?;
+        let mut definition = parsed
+            .maps
+            .remove(CT_MAP)
+            .ok_or_else(|| failed("finding its definition".into(), "not in tc_nat.o".into()))?;
+        definition.set_max_entries(sizes.reverse);
+        // Made without the object's BTF (loaded with the object, later): its type ids would
+        // name nothing. The layout check compares type, sizes and flags only.
+        if let aya_obj::Map::Btf(map) = &mut definition {
+            map.def.btf_key_type_id = 0;
+            map.def.btf_value_type_id = 0;
+        }
+        let map = MapData::create(definition, CT_MAP, None).map_err(|source| BpfError::Map {
+            map: CT_MAP,
+            what: "creating it ahead of the tc object".into(),
+            source: Box::new(source),
+        })?;
+        map.pin(&pin).map_err(|source| failed(format!("pinning it at {}", pin.display()), Box::new(source)))?;
+        Ok(true)
+    }
+
     /// Loads the program against the pins under `bpf_root` (the socket balancer's maps must
     /// be pinned there already: [`crate::SockLb::open`] first).
     pub fn open(bpf_root: &Path, sizes: MapSizes, maglev_size: u32) -> Result<Self, BpfError> {

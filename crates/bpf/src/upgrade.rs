@@ -17,7 +17,6 @@ use std::path::Path;
 
 use aya::maps::{Array, Map, MapData, MapInfo};
 
-use crate::sys::LINKS_DIR;
 use crate::{BpfError, MapSizes, SOCK_LB_OBJECT, TC_NAT_OBJECT};
 
 /// The pinned map holding the identity of the build whose programs are linked (one u64).
@@ -74,9 +73,7 @@ pub fn record_identity(bpf_root: &Path, identity: u64) -> Result<(), BpfError> {
 /// maps the programs use is not pinned or not laid out as this build wants (it will be
 /// created anew, and the linked programs hold the old one).
 pub fn must_replace_linked_programs(bpf_root: &Path, sizes: MapSizes) -> bool {
-    let links = bpf_root.join(LINKS_DIR);
-    let any_link = std::fs::read_dir(&links).is_ok_and(|mut entries| entries.next().is_some());
-    if !any_link {
+    if !crate::sys::any_link_pinned(bpf_root) {
         return false;
     }
     if recorded_identity(bpf_root) != Some(identity(sizes)) {

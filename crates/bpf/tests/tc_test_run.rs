@@ -34,18 +34,27 @@ struct Fixture {
 
 impl Fixture {
     fn new(frontend: SocketAddr, proto: u8, flags: u32, allowed: &[&str]) -> Self {
-        Self::build(frontend, proto, flags, allowed, false)
+        Self::build(frontend, proto, flags, allowed, false, |_| ())
     }
 
     /// With direct server return on; the endpoint runs on another node.
     fn with_direct_server_return(frontend: SocketAddr, proto: u8, flags: u32) -> Self {
-        Self::build(frontend, proto, flags, &[], true)
+        Self::build(frontend, proto, flags, &[], true, |_| ())
     }
 
-    fn build(frontend: SocketAddr, proto: u8, flags: u32, allowed: &[&str], dsr: bool) -> Self {
+    /// `before_open` runs on the fresh bpf root before the tc object is opened there.
+    fn build(
+        frontend: SocketAddr,
+        proto: u8,
+        flags: u32,
+        allowed: &[&str],
+        dsr: bool,
+        before_open: impl FnOnce(&std::path::Path),
+    ) -> Self {
         let root = tempfile::tempdir().expect("a temporary directory");
         let bpf_root = root.path().join("bpf");
         svcplane_bpf::sys::ensure_bpffs(&bpf_root).expect("a bpffs");
+        before_open(&bpf_root);
         let mut tc = TcNat::open(&bpf_root, MapSizes::default(), svcplane_bpf::maglev::DEFAULT_TABLE_SIZE)
             .expect("loading the tc program")
             .with_direct_server_return(dsr);
@@ -166,6 +175,34 @@ fn a_new_flow_to_a_node_port_is_translated_to_the_endpoint_and_the_node_and_its_
         assert_eq!((reply_src, reply_dst), (node_port, client), "the reply comes from the NodePort (proto {proto})");
         assert_checksums_valid(&back);
     }
+}
+
+#[test]
+fn a_flow_table_made_ahead_of_the_tc_object_is_the_one_it_tracks_masqueraded_flows_in() {
+    if !is_root() {
+        return;
+    }
+    let ct_id = |bpf_root: &std::path::Path| {
+        svcplane_bpf::upgrade::pinned_map_id(&bpf_root.join(svcplane_bpf::tc::CT_MAP)).expect("the pinned flow table")
+    };
+    let mut made_ahead = None;
+    let node_port = socket(NODE, 30080);
+    let mut fixture = Fixture::build(node_port, PROTO_TCP, ServiceFlags::MASQUERADE, &[], false, |bpf_root| {
+        let made = TcNat::create_flow_table_ahead(bpf_root, MapSizes::default()).expect("making the flow table");
+        assert!(made, "a fresh root gets its flow table ahead");
+        assert!(!TcNat::create_flow_table_ahead(bpf_root, MapSizes::default()).unwrap(), "made once");
+        made_ahead = Some(ct_id(bpf_root));
+    });
+    let bpf_root = fixture.root.path().join("bpf");
+    assert_eq!(Some(ct_id(&bpf_root)), made_ahead, "the tc object adopted the table made ahead");
+
+    let client = socket(CLIENT, 40000);
+    let (_, out) = fixture.tc.test_run(&frame(client, node_port, PROTO_TCP)).expect("a test run");
+    let (src, dst) = addresses(&out);
+    assert_eq!((src.ip(), dst), (IpAddr::V4(NODE), socket(POD, 8080)), "DNAT and SNAT");
+    // The reply is translated back only through the entry the first packet left in the table.
+    let (_, back) = fixture.tc.test_run(&frame(dst, src, PROTO_TCP)).expect("a test run");
+    assert_eq!(addresses(&back), (node_port, client), "the reply comes from the NodePort");
 }
 
 #[test]
