@@ -82,15 +82,15 @@ fn node_source(plan: &NodePlan, family: IpFamily) -> Option<IpAddr> {
     plan.config.node_ips.iter().copied().find(|ip| family_of(ip) == family)
 }
 
-fn cluster_cidrs(plan: &NodePlan, family: IpFamily) -> Vec<IpNet> {
-    plan.config.cluster_cidrs.iter().copied().filter(|c| family_of(&c.addr()) == family).collect()
+fn cluster_cidrs(plan: &NodePlan, family: IpFamily) -> impl Iterator<Item = &IpNet> {
+    plan.config.cluster_cidrs.iter().filter(move |c| family_of(&c.addr()) == family)
 }
 
 /// Whether a pod's address (somewhere in the cluster CIDRs) is inside `cidrs`: only if the
 /// cluster CIDRs are known and each lies inside one of `cidrs`.
 fn pod_inside(plan: &NodePlan, family: IpFamily, cidrs: &[IpNet]) -> bool {
-    let pods = cluster_cidrs(plan, family);
-    !pods.is_empty() && pods.iter().all(|pod| cidrs.iter().any(|c| c.contains(pod)))
+    let mut pods = cluster_cidrs(plan, family).peekable();
+    pods.peek().is_some() && pods.all(|pod| cidrs.iter().any(|c| c.contains(pod)))
 }
 
 fn source_inside(plan: &NodePlan, family: IpFamily, scope: Scope, cidrs: &[IpNet]) -> bool {
@@ -170,6 +170,7 @@ pub fn render_port(plan: &NodePlan, port: &ServicePortPlan, node: &NodeAddresses
     }
     entries.local = port.local_endpoints.iter().copied().collect();
     for frontend in &port.frontends {
+        let addresses = frontend_addresses(plan, port.family, frontend, node);
         for scope in [Scope::Node, Scope::Pod, Scope::External] {
             let (decision, masquerade) = decide(plan, port, frontend, scope);
             if let Decision::Balance(set) = decision {
@@ -178,7 +179,7 @@ pub fn render_port(plan: &NodePlan, port: &ServicePortPlan, node: &NodeAddresses
                     entries.maglev_sets.insert(set);
                 }
             }
-            for ip in frontend_addresses(plan, port.family, frontend, node) {
+            for &ip in &addresses {
                 let key = ServiceKey::new(SocketAddr::new(ip, frontend.port), proto, scope);
                 entries.frontends.insert(key, decision);
                 if masquerade {

@@ -19,7 +19,8 @@ use svcplane_bpf::aya_maps::IterableMap;
 use svcplane_bpf::maps::PortName;
 use svcplane_bpf::tc::TcNat;
 use svcplane_bpf::{
-    BackendValue, BpfError, LiveKey, MapSizes, ServiceFlags, ServiceKey, ServiceValue, SockLb, SockLbOptions,
+    BackendValue, BatchMaps, BpfError, LiveKey, MapSizes, PortNamesMap, ServiceFlags, ServiceKey, ServiceValue, SockLb,
+    SockLbOptions,
 };
 use svcplane_core::{Dataplane, DataplaneError, EndpointSetKind, NodePlan, PlanDiff, PlanKey, SyncReport, TableUsage};
 
@@ -491,8 +492,7 @@ impl EbpfBackend {
     /// maps hold, and lays the ranges out again around what the maps hold, if anything).
     fn build_batches(&mut self, plan: &NodePlan, rendered: Vec<PortEntries>) -> Result<Built, BpfError> {
         let first_id = self.next_set;
-        let mut record = BTreeMap::new();
-        let mut bulk = Bulk::default();
+        let mut record = Vec::with_capacity(rendered.len());
         let mut slots = Ranges::new(self.options.sizes.backends);
         for (key, entries) in plan.service_ports.keys().zip(rendered) {
             let set_ids: BTreeMap<EndpointSetKind, u32> = entries
@@ -507,10 +507,11 @@ impl EbpfBackend {
             let port_id = self.next_set;
             self.next_set += 1;
             let firsts = take_ranges(&mut slots, &entries)?;
-            let written = Written { entries, set_ids, firsts, port_id };
-            bulk.add(&written, |_| true);
-            record.insert(key.clone(), written);
+            record.push((key.clone(), Written { entries, set_ids, firsts, port_id }));
         }
+        // In the plan's order, so collected in one pass (no insert per key).
+        let record: BTreeMap<PlanKey, Written> = record.into_iter().collect();
+        let bulk = Bulk::of(&record);
         Ok(Built { record, bulk, first_id, slots })
     }
 
@@ -552,28 +553,23 @@ impl EbpfBackend {
         let old_ranges: BTreeSet<(u32, u32)> =
             old_frontends.iter().filter(|(_, v)| v.count > 0).map(|(_, v)| (v.first, v.count)).collect();
         let mut stale_ranges = BTreeSet::new();
+        // Ranges that hold their set's slots already (adopted from the maps): not written.
+        let mut adopted = BTreeSet::new();
         // The ranges given while the maps were not read yet stand when nothing in the maps
         // is named and nothing this process gave back is still held.
         if old_ranges.is_empty() && self.slots.held().next().is_none() {
             self.slots = slots;
             if highest >= first_id {
-                bulk = Bulk::default();
-                for written in record.values() {
-                    bulk.add(written, |_| true);
-                }
+                bulk = Bulk::of(&record);
             }
         } else {
             let held: Vec<(Instant, u32, u32)> = self.slots.held().collect();
             let capacity = self.options.sizes.backends;
-            let (slots, adopted, stale) = lay_out_around(&lb.slots, capacity, held, &old_ranges, &mut record)?;
+            let (slots, adopted_ranges, stale) = lay_out_around(&lb.slots, capacity, held, &old_ranges, &mut record)?;
             self.slots = slots;
             stale_ranges = stale;
-            bulk = Bulk::default();
-            for written in record.values() {
-                bulk.add(written, |kind| {
-                    !adopted.contains(&(written.firsts[&kind], written.entries.sets[&kind].len() as u32))
-                });
-            }
+            adopted = adopted_ranges;
+            bulk = Bulk::of(&record);
         }
         // Refused before anything is written if it cannot fit (ranges were refused above).
         let mut wanted = MapUsage::default();
@@ -583,23 +579,19 @@ impl EbpfBackend {
         self.check_room(wanted)?;
         let at = self.phase("reading what the maps hold", at);
         let lb = self.lb.as_mut().expect("opened");
-        let mut operations = bulk.write_slots(lb)?;
+        let mut operations = write_new_slots(lb, &record, &adopted)?;
         let at = self.phase("batched writes: endpoint slots (array)", at);
+        // The port names (read only by counter readers) go in on a thread of their own
+        // beside the frontends: two batched writes the kernel does one entry at a time.
         let lb = self.lb.as_mut().expect("opened");
-        operations += bulk.write_frontends(lb)?;
-        let at = self.phase("batched writes: serving endpoints, frontends", at);
-        let lb = self.lb.as_mut().expect("opened");
-        let (name_ids, name_values): (Vec<u32>, Vec<PortName>) =
-            record.iter().map(|(key, written)| (written.port_id, port_name(key))).unzip();
-        svcplane_bpf::sys::update_batch(IterableMap::map(&lb.names), &name_ids, &name_values)
-            .map_err(|source| batch_error(svcplane_bpf::maps::PORT_NAMES_MAP, lb.sizes.services, source))?;
-        if !old_names.is_empty() {
-            let live_ids: BTreeSet<u32> = name_ids.iter().copied().collect();
-            for id in old_names.into_iter().filter(|id| !live_ids.contains(id)) {
-                let _ = lb.names.remove(&id);
-            }
-        }
-        self.phase("port names", at);
+        let (sizes, names, batch) = (lb.sizes, &mut lb.names, &lb.batch);
+        let (frontends, named) = std::thread::scope(|scope| {
+            let named = scope.spawn(|| write_port_names(names, sizes, &record, old_names));
+            (bulk.write_frontends(batch, sizes), named.join())
+        });
+        operations += frontends?;
+        named.map_err(|_| panicked("writing the port names"))??;
+        self.phase("batched writes: serving endpoints, frontends; port names (own thread)", at);
         Ok(Filled {
             record,
             bulk,
@@ -891,60 +883,90 @@ impl EbpfBackend {
     }
 }
 
-/// Every entry of a full sync, written in bulk: slots and serving endpoints first, then the
-/// frontends that lead to them.
+/// The serving endpoints and frontends of a full sync, written in bulk once the endpoint
+/// slots are in ([`write_new_slots`]): no frontend may name a slot not written yet.
 #[derive(Debug, Default)]
 struct Bulk {
-    /// Indices in the backends array.
-    backend_keys: Vec<u32>,
-    backend_values: Vec<BackendValue>,
     live_keys: Vec<LiveKey>,
     service_keys: Vec<ServiceKey>,
     service_values: Vec<ServiceValue>,
 }
 
 impl Bulk {
-    /// Every entry of `written`; the slots only of the sets `write_slots` names (the others
-    /// are in their ranges already).
-    fn add(&mut self, written: &Written, write_slots: impl Fn(EndpointSetKind) -> bool) {
-        for (kind, (first, _)) in written.ranges() {
-            if !write_slots(kind) {
-                continue;
-            }
-            for (index, value) in (first..).zip(written.slots(kind)) {
-                self.backend_keys.push(index);
-                self.backend_values.push(value);
+    /// Every serving endpoint and frontend of `record`.
+    fn of(record: &BTreeMap<PlanKey, Written>) -> Self {
+        let (live, frontends) = record.values().fold((0, 0), |(live, frontends), w| {
+            (live + w.entries.serving.len(), frontends + w.entries.frontends.len())
+        });
+        let mut bulk = Bulk {
+            live_keys: Vec::with_capacity(live),
+            service_keys: Vec::with_capacity(frontends),
+            service_values: Vec::with_capacity(frontends),
+        };
+        for written in record.values() {
+            bulk.live_keys.extend(written.live_keys());
+            for (key, decision) in &written.entries.frontends {
+                bulk.service_keys.push(*key);
+                bulk.service_values.push(service_value(written, key, *decision));
             }
         }
-        self.live_keys.extend(written.live_keys());
-        for (key, decision) in &written.entries.frontends {
-            self.service_keys.push(*key);
-            self.service_values.push(service_value(written, key, *decision));
-        }
+        bulk
     }
 
-    /// The endpoint slots, as memory of the mapped array: first, as no frontend may name a
-    /// slot not written yet.
-    fn write_slots(&self, lb: &mut SockLb) -> Result<usize, BpfError> {
-        for (index, value) in self.backend_keys.iter().zip(&self.backend_values) {
-            lb.slots
-                .write(*index, std::slice::from_ref(value))
-                .map_err(|source| batch_error(svcplane_bpf::maps::BACKENDS_MAP, lb.sizes.backends, source))?;
-        }
-        Ok(self.backend_keys.len())
-    }
-
-    /// The serving endpoints, then the frontends (after [`Bulk::write_slots`]).
-    fn write_frontends(&self, lb: &SockLb) -> Result<usize, BpfError> {
+    /// The serving endpoints, then the frontends (after [`write_new_slots`]).
+    fn write_frontends(&self, batch: &BatchMaps, sizes: MapSizes) -> Result<usize, BpfError> {
         use svcplane_bpf::maps::{LIVE_MAP, SERVICES_MAP};
-        let batch = &lb.batch;
         let ones = vec![1u32; self.live_keys.len()];
         svcplane_bpf::sys::update_batch(&batch.live, &self.live_keys, &ones)
-            .map_err(|source| batch_error(LIVE_MAP, lb.sizes.backends, source))?;
+            .map_err(|source| batch_error(LIVE_MAP, sizes.backends, source))?;
         svcplane_bpf::sys::update_batch(&batch.services, &self.service_keys, &self.service_values)
-            .map_err(|source| batch_error(SERVICES_MAP, lb.sizes.services, source))?;
+            .map_err(|source| batch_error(SERVICES_MAP, sizes.services, source))?;
         Ok(self.live_keys.len() + self.service_keys.len())
     }
+}
+
+/// The endpoint slots of every set of `record` but those in `adopted` ranges (which hold
+/// them already), as memory of the mapped array. Returns how many were written.
+fn write_new_slots(
+    lb: &mut SockLb,
+    record: &BTreeMap<PlanKey, Written>,
+    adopted: &BTreeSet<(u32, u32)>,
+) -> Result<usize, BpfError> {
+    let mut written_slots = 0;
+    for written in record.values() {
+        for (kind, range) in written.ranges() {
+            if adopted.contains(&range) {
+                continue;
+            }
+            let values: Vec<BackendValue> = written.slots(kind).collect();
+            lb.slots
+                .write(range.0, &values)
+                .map_err(|source| batch_error(svcplane_bpf::maps::BACKENDS_MAP, lb.sizes.backends, source))?;
+            written_slots += values.len();
+        }
+    }
+    Ok(written_slots)
+}
+
+/// The name of every port of `record` under its id, in one batch; then the names of ids
+/// no longer in use (`old_names`: the ids the map held before) are removed.
+fn write_port_names(
+    names: &mut PortNamesMap,
+    sizes: MapSizes,
+    record: &BTreeMap<PlanKey, Written>,
+    old_names: Vec<u32>,
+) -> Result<(), BpfError> {
+    let (name_ids, name_values): (Vec<u32>, Vec<PortName>) =
+        record.iter().map(|(key, written)| (written.port_id, port_name(key))).unzip();
+    svcplane_bpf::sys::update_batch(IterableMap::map(names), &name_ids, &name_values)
+        .map_err(|source| batch_error(svcplane_bpf::maps::PORT_NAMES_MAP, sizes.services, source))?;
+    if !old_names.is_empty() {
+        let live_ids: BTreeSet<u32> = name_ids.into_iter().collect();
+        for id in old_names.into_iter().filter(|id| !live_ids.contains(id)) {
+            let _ = names.remove(&id);
+        }
+    }
+    Ok(())
 }
 
 /// A loading thread that panicked (a bug), as an error of the sync.

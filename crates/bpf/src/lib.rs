@@ -31,7 +31,7 @@ pub use maps::{
     ServiceFlags, ServiceKey, ServiceValue,
 };
 pub use pins::cleanup;
-pub use sock_lb::{MapSizes, SockLb, SockLbOptions, SockPrograms, StagedPrograms};
+pub use sock_lb::{BatchMaps, MapSizes, PortNamesMap, SockLb, SockLbOptions, SockPrograms, StagedPrograms};
 
 /// The socket-level load balancer's object (`bpf/sock_lb.c`), as clang built it.
 /// The tc program's object (`bpf/tc_nat.c`).

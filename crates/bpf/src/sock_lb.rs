@@ -76,7 +76,7 @@ pub struct SockLb {
     /// Endpoints UDP flows may stay on (value unused, 1).
     pub live: HashMap<MapData, LiveKey, u32>,
     /// The names of service port ids, for counter readers.
-    pub names: HashMap<MapData, u32, crate::maps::PortName>,
+    pub names: PortNamesMap,
     /// The same three maps again, untyped, for batched writes ([`crate::sys::update_batch`]).
     pub batch: BatchMaps,
     /// The backends array, mapped: new ranges are written as memory.
@@ -332,6 +332,8 @@ fn attach(ebpf: &mut Ebpf, program: &'static str, cgroup: &File, pin: &Path) -> 
 pub type ServicesMap = HashMap<MapData, ServiceKey, ServiceValue>;
 /// The backends map, typed: slot `first + i` of a frontend's set at index `first + i`.
 pub type BackendsMap = Array<MapData, BackendValue>;
+/// The names of service port ids (`svcplane_port_names`), as [`SockLb::names`] holds them.
+pub type PortNamesMap = HashMap<MapData, u32, crate::maps::PortName>;
 
 /// Opens the pinned maps of a running or stopped balancer, without loading anything.
 pub fn open_pinned_services(bpf_root: &Path) -> Result<(ServicesMap, BackendsMap), BpfError> {
