@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::{
-    LAB_SERVICE_IP, add_lab_service, connects, endpoint_change, median, node_config, percentile, serve, show,
-    synthetic, time,
+    LAB_SERVICE_IP, add_lab_service, connects_interleaved, endpoint_change, median, node_config, percentile, serve,
+    show, synthetic, time,
 };
 use svcplane_backend_ebpf::{EbpfBackend, EbpfOptions, MapSizes};
 use svcplane_backend_nftables::NftablesBackend;
@@ -412,15 +412,12 @@ fn paired(
         let offset = u16::try_from(round * per_round)?;
         let through_ports = first_port + offset;
         let straight_ports = first_port + MODE_PORTS / 2 + offset;
-        if round % 2 == 0 {
-            through.extend(connects(lab, pod, service, per_round, through_ports)?);
-            straight.extend(connects(lab, pod, direct, per_round, straight_ports)?);
-        } else {
-            straight.extend(connects(lab, pod, direct, per_round, straight_ports)?);
-            through.extend(connects(lab, pod, service, per_round, through_ports)?);
-        }
-        // Which path streams first alternates (as which connects first): the first stream
-        // of a round was measured up to 30 % slower whichever path it was.
+        let [service_samples, direct_samples] =
+            connects_interleaved(lab, pod, [service, direct], per_round, [through_ports, straight_ports])?;
+        through.extend(service_samples);
+        straight.extend(direct_samples);
+        // Which path streams first alternates: the first stream of a round was measured up
+        // to 30 % slower whichever path it was.
         let mib = args.bulk_mib / ROUNDS;
         let (first, second) = if round % 2 == 0 { (service, direct) } else { (direct, service) };
         let (first_stream, second_stream) = (throughput(lab, pod, first, mib)?, throughput(lab, pod, second, mib)?);

@@ -217,6 +217,36 @@ pub fn connects(
     })?
 }
 
+/// [`connects`] to two targets interleaved one by one (which goes first alternating), so
+/// both meet the same moments of the machine: a burst of scheduling noise lands on both
+/// paths alike instead of on one block of one path's samples.
+pub fn connects_interleaved(
+    lab: &Lab,
+    pod: &str,
+    targets: [SocketAddr; 2],
+    count: usize,
+    first_ports: [u16; 2],
+) -> anyhow::Result<[Vec<Duration>; 2]> {
+    lab.run_in(pod, || -> anyhow::Result<[Vec<Duration>; 2]> {
+        let mut samples = [Vec::with_capacity(count), Vec::with_capacity(count)];
+        for k in 0..count {
+            let order = if k % 2 == 0 { [0, 1] } else { [1, 0] };
+            for path in order {
+                let port = u16::try_from(usize::from(first_ports[path]) + k).context("source ports run out")?;
+                let started = Instant::now();
+                let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+                socket.set_reuse_address(true)?;
+                socket.bind(&SocketAddr::from(([0, 0, 0, 0], port)).into())?;
+                socket
+                    .connect_timeout(&targets[path].into(), CONNECT_TIMEOUT)
+                    .map_err(|error| anyhow::anyhow!("connect {} of {count} to {}: {error}", k + 1, targets[path]))?;
+                samples[path].push(started.elapsed());
+            }
+        }
+        Ok(samples)
+    })?
+}
+
 /// Connect p50 and p99 through the Service and straight to the pod, measured alternately
 /// in `rounds` rounds so both see the same machine.
 #[derive(Debug, Clone, Copy)]
