@@ -239,7 +239,8 @@ fn start_side(binaries: &UpstreamBinaries, implementation: Implementation) -> Si
         args.extend([
             format!("--config={}", config.display()),
             format!("--hostname-override={}", lab_node.name()),
-            "--v=2".into(),
+            // 4: kube-proxy logs when it takes the Node's topology labels in only from 4 on.
+            "--v=4".into(),
         ]);
         let program = match implementation {
             Implementation::KubeProxy => "kube-proxy",
@@ -251,6 +252,9 @@ fn start_side(binaries: &UpstreamBinaries, implementation: Implementation) -> Si
     }
     let side = Side { implementation, kube, logs };
     side.wait_until_programmed();
+    if implementation == Implementation::KubeProxy {
+        side.wait_for_node_zones();
+    }
     side
 }
 
@@ -261,6 +265,25 @@ impl Side {
 
     fn log_tails(&self) -> String {
         self.logs.iter().map(|log| format!("--- {}\n{}\n", log.display(), kube_support::log_tail(log))).collect()
+    }
+
+    /// kube-proxy takes its Node's labels in from a Node informer of its own, which may
+    /// not have delivered them by the time Services answer: until it has, it ignores
+    /// topology hints, and the topology rows would compare a proxy that has not seen its
+    /// zone yet. Waits for its log line saying it took the zone label in, on both nodes.
+    fn wait_for_node_zones(&self) {
+        let took_zone = |log: &std::path::PathBuf| {
+            std::fs::read_to_string(log).unwrap_or_default().lines().any(|line| {
+                line.contains("Updated proxier node topology labels") && line.contains("topology.kubernetes.io/zone")
+            })
+        };
+        let done = eventually(PROGRAMMED_WITHIN, || self.logs.iter().all(took_zone).then_some(()));
+        assert!(
+            done.is_some(),
+            "{} did not take its Node's zone in within {PROGRAMMED_WITHIN:?}\n{}",
+            self.implementation.name(),
+            self.log_tails()
+        );
     }
 
     /// The echo Service answers from both nodes in both families.
