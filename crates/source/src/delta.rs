@@ -27,7 +27,7 @@ use svcplane_core::model::NamespacedName;
 
 use crate::convert::{FieldError, new_slice_address_errors, node_to_core, service_to_core, slice_to_core};
 use crate::diff::PartialSnapshot;
-use crate::held::PodRecord;
+use crate::held::{PodRecord, ServiceRecord};
 use crate::manifests::{ObjectKind, ObjectRef};
 use crate::store::{DefinitionOrder, Held, Key, ManifestStore, ObjectChange};
 
@@ -112,8 +112,8 @@ impl AllocatedFields {
         }
     }
 
-    fn apply(&self, original: &Service) -> Service {
-        let mut service = original.clone();
+    fn apply(&self, original: Service) -> Service {
+        let mut service = original;
         service.metadata.namespace.clone_from(&self.namespace);
         if let Some(fields) = &self.spec {
             let spec = service.spec.get_or_insert_with(Default::default);
@@ -131,16 +131,23 @@ impl AllocatedFields {
 }
 
 impl Allocated {
+    #[cfg(test)]
     fn new(filled: Service, original: Option<&Service>) -> Self {
-        let fields = AllocatedFields::of(&filled);
+        let fields = Box::new(AllocatedFields::of(&filled));
         match original {
-            Some(original) if fields.apply(original) == filled => Allocated::Fields(Box::new(fields)),
-            _ => Allocated::Whole(Box::new(filled)),
+            Some(original) => Self::with_fields(fields, filled, original.clone()),
+            None => Allocated::Whole(Box::new(filled)),
         }
     }
 
+    /// `filled` (allocated from `original`) as `fields` (made from it), or whole when the
+    /// fields do not give it back exactly.
+    fn with_fields(fields: Box<AllocatedFields>, filled: Service, original: Service) -> Self {
+        if fields.apply(original) == filled { Allocated::Fields(fields) } else { Allocated::Whole(Box::new(filled)) }
+    }
+
     /// The allocated Service, given the Service as read it was allocated from.
-    fn service(&self, original: Option<&Service>) -> Option<Service> {
+    fn service(&self, original: Option<Service>) -> Option<Service> {
         match self {
             Allocated::Fields(fields) => original.map(|original| fields.apply(original)),
             Allocated::Whole(service) => Some(Service::clone(service)),
@@ -252,11 +259,13 @@ impl DeltaState {
         // Allocation: the changed Services, and the refused ones again (they may fit now).
         let retried: Vec<Key> = self.refused.keys().filter(|r| !services_changed.contains(*r)).cloned().collect();
         if !services_changed.is_empty() || !retried.is_empty() {
+            // Each Service decoded from its record once here: the allocator reads it, and the
+            // allocated Service is then kept as what the allocator wrote into it.
             let mut settle: Vec<(Option<DefinitionOrder<'_>>, Key, Service)> = Vec::new();
             let mut removed: Vec<ObjectKey> = Vec::new();
             for reference in services_changed.iter().chain(&retried) {
                 match self.services.get(reference).and_then(|o| o.as_service()) {
-                    Some(service) => settle.push((store.order_of(reference), Arc::clone(reference), service.clone())),
+                    Some(service) => settle.push((store.order_of(reference), Arc::clone(reference), service.service())),
                     None => {
                         removed.push(ObjectKey::new(reference.namespace.clone(), reference.name.clone()));
                         self.allocated.remove(reference);
@@ -279,13 +288,12 @@ impl DeltaState {
                 allocator.allocate(&settle)
             };
             output.allocations_changed = outcome.changed;
-            drop(settle);
-            for (reference, result) in keys.into_iter().zip(outcome.services) {
+            for ((reference, original), result) in keys.into_iter().zip(settle).zip(outcome.services) {
                 match result {
                     Ok(filled) => {
                         self.refused.remove(&reference);
-                        let original = self.services.get(&reference).and_then(|o| o.as_service());
-                        self.allocated.insert(reference, Allocated::new(filled, original));
+                        let fields = Box::new(AllocatedFields::of(&filled));
+                        self.allocated.insert(reference, Allocated::with_fields(fields, filled, original));
                     }
                     Err(errors) => {
                         self.allocated.remove(&reference);
@@ -419,7 +427,7 @@ impl DeltaState {
     /// The Service `reference` as the allocator filled it in, if it was allocated.
     fn allocated_service(&self, reference: &Key) -> Option<Service> {
         let allocated = self.allocated.get(reference)?;
-        allocated.service(self.services.get(reference).and_then(|o| o.as_service()))
+        allocated.service(self.services.get(reference).and_then(|o| o.as_service()).map(ServiceRecord::service))
     }
 
     /// The Pods that may be selected by `service` (those with its selector's first label),
@@ -434,15 +442,15 @@ impl DeltaState {
         pods.iter().filter_map(|pod| self.pods.get(pod).and_then(|o| o.as_pod())).map(PodRecord::to_pod).collect()
     }
 
-    fn index_service(&mut self, reference: &Key, service: &Service) {
-        if let Some((key, value)) = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()?.iter().next()) {
+    fn index_service(&mut self, reference: &Key, service: &ServiceRecord) {
+        if let Some((key, value)) = service.first_selector_label() {
             let posting = label_key(&reference.namespace, key, value);
             self.services_by_selector.entry(posting).or_default().insert(reference.clone());
         }
     }
 
-    fn unindex_service(&mut self, reference: &Key, service: &Service) {
-        if let Some((key, value)) = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()?.iter().next()) {
+    fn unindex_service(&mut self, reference: &Key, service: &ServiceRecord) {
+        if let Some((key, value)) = service.first_selector_label() {
             let posting = label_key(&reference.namespace, key, value);
             if let Some(services) = self.services_by_selector.get_mut(&posting) {
                 services.remove(reference);
@@ -458,13 +466,9 @@ impl DeltaState {
         for (key, value) in pod.labels() {
             let Some(services) = self.services_by_selector.get(&label_key(namespace, key, value)) else { continue };
             for reference in services {
-                let selector = self
-                    .services
-                    .get(reference)
-                    .and_then(|o| o.as_service())
-                    .and_then(|s| s.spec.as_ref())
-                    .and_then(|spec| spec.selector.as_ref());
-                if selector.is_some_and(|selector| selector.iter().all(|(k, v)| pod.label(k) == Some(v.as_str()))) {
+                let selector =
+                    self.services.get(reference).and_then(|o| o.as_service()).and_then(ServiceRecord::selector);
+                if selector.is_some_and(|selector| selector.iter().all(|(k, v)| pod.label(k) == Some(&**v))) {
                     found.insert(reference.clone());
                 }
             }
@@ -541,7 +545,7 @@ mod tests {
         assert!(spec.ports.iter().flatten().all(|port| port.node_port.is_some()), "{spec:?}");
         let kept = super::Allocated::new(filled.clone(), Some(&original));
         assert!(matches!(kept, super::Allocated::Fields(_)), "kept as fields, not whole");
-        assert_eq!(kept.service(Some(&original)), Some(filled.clone()));
+        assert_eq!(kept.service(Some(original)), Some(filled.clone()));
         let without_original = super::Allocated::new(filled.clone(), None);
         assert!(matches!(without_original, super::Allocated::Whole(_)));
         assert_eq!(without_original.service(None), Some(filled));

@@ -7,11 +7,15 @@
 //! the strings that repeat over Pods (namespace, label sets, node name, phase) shared
 //! through an [`Interner`]: at 10k Services x 10 Pods, ten Pods share one label set and
 //! 10,000 Pods one node name.
+//!
+//! Services are kept the same way by the store ([`ServiceRecord`]): as the JSON text of
+//! the Service as read (absent fields left out) with the selector at hand, decoded again
+//! when the controller step allocates or plans one.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodCondition, PodIP, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodCondition, PodIP, PodSpec, PodStatus, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Deserializer};
 
@@ -51,6 +55,71 @@ struct RareFields {
 impl RareFields {
     fn boxed_unless_empty(self) -> Option<Box<Self>> {
         (self != Self::default()).then(|| Box::new(self))
+    }
+}
+
+/// A Service as the store keeps it: the JSON text of the Service as read (k8s-openapi
+/// leaves absent fields out, so a few hundred bytes in one allocation instead of the
+/// ~1.5 KB in a dozen allocations of the parsed Service and its selector map), and its
+/// selector in key order, shared through the [`Interner`] with the Pods' label sets it
+/// usually equals. The controller step reads the selector for every changed Pod and
+/// decodes the whole Service only when it allocates or plans it. Kept whole when the text
+/// does not decode to exactly the Service it was made from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ServiceRecord {
+    selector: Option<LabelSet>,
+    form: ServiceForm,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum ServiceForm {
+    /// `serde_json` of the Service; equal Services give equal text, and the text decodes to
+    /// the Service (checked when made), so equal text means equal Services.
+    Json(Box<[u8]>),
+    Whole(Box<Service>),
+}
+
+impl ServiceRecord {
+    /// The record of `service`, made on this thread (the parsed Service is then dropped).
+    pub(crate) fn new(service: Box<Service>, interner: &mut Interner) -> Self {
+        let selector = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()).map(|selector| {
+            let labels: Vec<(Arc<str>, Arc<str>)> =
+                selector.iter().map(|(key, value)| (interner.string(key), interner.string(value))).collect();
+            interner.label_set(&labels)
+        });
+        let form = match serde_json::to_vec(&*service) {
+            Ok(text) if serde_json::from_slice::<Service>(&text).is_ok_and(|decoded| decoded == *service) => {
+                ServiceForm::Json(text.into_boxed_slice())
+            }
+            _ => ServiceForm::Whole(service),
+        };
+        Self { selector, form }
+    }
+
+    /// The Service as read.
+    pub(crate) fn service(&self) -> Service {
+        match &self.form {
+            ServiceForm::Json(text) => {
+                serde_json::from_slice(text).expect("a Service record's text decodes (checked when it was made)")
+            }
+            ServiceForm::Whole(service) => Service::clone(service),
+        }
+    }
+
+    /// `spec.selector`, in key order (`None` without one).
+    pub(crate) fn selector(&self) -> Option<&[(Arc<str>, Arc<str>)]> {
+        self.selector.as_deref()
+    }
+
+    /// The first label of the selector (in key order), which the controller step indexes
+    /// Services by.
+    pub(crate) fn first_selector_label(&self) -> Option<(&str, &str)> {
+        self.selector()?.first().map(|(key, value)| (&**key, &**value))
+    }
+
+    #[cfg(test)]
+    fn is_text(&self) -> bool {
+        matches!(self.form, ServiceForm::Json(_))
     }
 }
 
@@ -350,8 +419,8 @@ impl PodRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::ServicePort;
     use k8s_openapi::api::core::v1::ServiceSpec;
-    use k8s_openapi::api::core::v1::{Service, ServicePort};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     fn pod(value: serde_json::Value) -> Pod {
@@ -387,6 +456,31 @@ mod tests {
         interner.forget_unused();
         assert_eq!(interner.len(), held, "only what the two records still hold stays");
         assert_eq!(shared_b.label("app"), Some("web"));
+    }
+
+    #[test]
+    fn a_service_kept_as_text_decodes_to_the_service_as_read_and_shares_its_selector_with_the_pods_labels() {
+        let mut interner = Interner::default();
+        let pod = bench_pod("a", "web").shared(&mut interner);
+        let read = |value: serde_json::Value| -> Box<Service> { Box::new(serde_json::from_value(value).unwrap()) };
+        let web = read(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop", "annotations": {"a": "b"}},
+            "spec": {"type": "NodePort", "selector": {"app": "web"}, "clusterIP": "198.19.0.5",
+                     "ports": [{"name": "http", "port": 80, "targetPort": "http", "nodePort": 30080}],
+                     "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}
+        }));
+        let record = ServiceRecord::new(web.clone(), &mut interner);
+        assert!(record.is_text());
+        assert_eq!(record.service(), *web);
+        assert!(Arc::ptr_eq(record.selector.as_ref().unwrap(), &pod.labels), "the selector is the Pods' label set");
+        assert_eq!(record.first_selector_label(), Some(("app", "web")));
+        assert_eq!(ServiceRecord::new(web.clone(), &mut interner), record);
+        let mut other = web.clone();
+        other.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 81;
+        assert_ne!(ServiceRecord::new(other, &mut interner), record);
+        let headless = read(serde_json::json!({"metadata": {"name": "h"}, "spec": {"clusterIP": "None"}}));
+        let record = ServiceRecord::new(headless.clone(), &mut interner);
+        assert_eq!((record.selector(), record.service()), (None, *headless));
     }
 
     #[test]

@@ -477,10 +477,6 @@ impl AnyObject {
         }
     }
 
-    pub(crate) fn as_service(&self) -> Option<&Service> {
-        if let AnyObject::Service(o) = self { Some(o) } else { None }
-    }
-
     pub(crate) fn as_node(&self) -> Option<&Node> {
         if let AnyObject::Node(o) = self { Some(o) } else { None }
     }

@@ -18,11 +18,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use svcplane_controller::load_balancer::LoadBalancerIPPool;
 
-use crate::held::{Interner, PodRecord};
+use crate::held::{Interner, PodRecord, ServiceRecord};
 use crate::manifests::{
     AnyObject, Assembler, FileContents, Loaded, ManifestError, ObjectRef, ParsedObject, Position, Unit, Work, is_json,
     parse_work, push_work,
@@ -33,15 +33,18 @@ use crate::manifests::{
 pub(crate) enum Held {
     /// Inline, not boxed: Pods are most of the objects, and one allocation each is enough.
     Pod(PodRecord),
+    Service(ServiceRecord),
     Other(AnyObject),
 }
 
 impl Held {
-    /// Keeps `object` compactly (Pods lose every field the controller does not read, and
-    /// share their repeated strings through `interner`).
+    /// Keeps `object` compactly (Pods lose every field the controller does not read,
+    /// Services are kept as their text; both share their repeated strings through
+    /// `interner`), made on this thread.
     pub(crate) fn new(object: AnyObject, interner: &mut Interner) -> Self {
         match object {
             AnyObject::Pod(pod) => Held::Pod(pod.shared(interner)),
+            AnyObject::Service(service) => Held::Service(ServiceRecord::new(service, interner)),
             other => Held::Other(other),
         }
     }
@@ -50,12 +53,13 @@ impl Held {
     pub(crate) fn to_object(&self) -> AnyObject {
         match self {
             Held::Pod(record) => AnyObject::Pod(Box::new(record.clone())),
+            Held::Service(record) => AnyObject::Service(Box::new(record.service())),
             Held::Other(object) => object.clone(),
         }
     }
 
-    pub(crate) fn as_service(&self) -> Option<&Service> {
-        if let Held::Other(object) = self { object.as_service() } else { None }
+    pub(crate) fn as_service(&self) -> Option<&ServiceRecord> {
+        if let Held::Service(record) = self { Some(record) } else { None }
     }
 
     pub(crate) fn as_pod(&self) -> Option<&PodRecord> {
