@@ -158,7 +158,7 @@ fn has_label(meta: &ObjectMeta, label: &str) -> bool {
 }
 
 fn namespaced_name(reference: &ObjectRef) -> NamespacedName {
-    NamespacedName::new(reference.namespace.clone(), reference.name.clone())
+    NamespacedName::new(&*reference.namespace, &*reference.name)
 }
 
 /// Parses an IP address, also accepting the IPv4 spelling with leading zeros

@@ -249,7 +249,7 @@ impl DeltaState {
             for reference in &nodes_changed {
                 match self.nodes.get(reference).and_then(|o| o.as_node()) {
                     Some(node) => output.partial.nodes.push(node_to_core(node)),
-                    None => output.partial.deleted_nodes.push(reference.name.clone()),
+                    None => output.partial.deleted_nodes.push(reference.name.to_string()),
                 }
             }
             // Zones feed every Service's endpoint hints.
@@ -267,7 +267,7 @@ impl DeltaState {
                 match self.services.get(reference).and_then(|o| o.as_service()) {
                     Some(service) => settle.push((store.order_of(reference), Arc::clone(reference), service.service())),
                     None => {
-                        removed.push(ObjectKey::new(reference.namespace.clone(), reference.name.clone()));
+                        removed.push(ObjectKey::new(&*reference.namespace, &*reference.name));
                         self.allocated.remove(reference);
                         self.with_load_balancers.remove(reference);
                         self.refused.remove(reference);
@@ -341,7 +341,7 @@ impl DeltaState {
 
     /// Plans, converts and hands over one Service and its generated slices (or their removal).
     fn publish_service(&mut self, reference: &Key, partial: &mut PartialSnapshot) {
-        let name = NamespacedName::new(reference.namespace.clone(), reference.name.clone());
+        let name = NamespacedName::new(&*reference.namespace, &*reference.name);
         self.convert_errors.remove(reference);
         let old_slices = self.generated.remove(reference).unwrap_or_default();
         let mut new_slices: Vec<NamespacedName> = Vec::new();
@@ -420,7 +420,7 @@ impl DeltaState {
             }
         }
         if !published {
-            partial.deleted_slices.push(NamespacedName::new(reference.namespace.clone(), reference.name.clone()));
+            partial.deleted_slices.push(NamespacedName::new(&*reference.namespace, &*reference.name));
         }
     }
 

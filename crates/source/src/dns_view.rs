@@ -203,8 +203,8 @@ pub fn service_to_dns(service: &Service, slices: &[&EndpointSlice]) -> (Option<D
         }
     };
     let converted = kind.map(|kind| DnsService {
-        namespace: reference.namespace.clone(),
-        name: reference.name.clone(),
+        namespace: reference.namespace.to_string(),
+        name: reference.name.to_string(),
         kind,
         ports,
     });

@@ -109,17 +109,20 @@ impl fmt::Display for ObjectKind {
 }
 
 /// Names one object: kind, namespace (empty for Nodes) and name.
+///
+/// The namespace is shared ([`svcplane_core::model::intern`]): a store names every object
+/// it holds (110k at 10k Services x 10 Pods), and most of them share a few namespaces.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectRef {
     pub kind: ObjectKind,
     /// Empty for cluster-scoped kinds.
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Box<str>,
 }
 
 impl ObjectRef {
-    pub fn new(kind: ObjectKind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { kind, namespace: namespace.into(), name: name.into() }
+    pub fn new(kind: ObjectKind, namespace: impl AsRef<str>, name: impl AsRef<str>) -> Self {
+        Self { kind, namespace: svcplane_core::model::intern(namespace.as_ref()), name: Box::from(name.as_ref()) }
     }
 
     /// The reference of an object with this metadata: a namespaced kind without a namespace

@@ -11,6 +11,7 @@
 //! an object that moves from one file to another is unchanged.
 
 use std::collections::hash_map::DefaultHasher;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs;
 use std::hash::{Hash, Hasher};
@@ -137,7 +138,7 @@ pub struct Phases {
 #[derive(Debug, Default)]
 pub(crate) struct ManifestStore {
     files: BTreeMap<Arc<Path>, FileRecord>,
-    definitions: HashMap<Key, Vec<Definition>>,
+    definitions: HashMap<Key, OneOrMany<Definition>>,
     /// Objects with more than one definition.
     duplicated: BTreeSet<Key>,
     listing_errors: Vec<ManifestError>,
@@ -158,7 +159,7 @@ struct FileRecord {
 struct DocumentRecord {
     hash: Option<DocHash>,
     /// The objects it defined, in order (index = `Definition::n`).
-    objects: Box<[Key]>,
+    objects: OneOrMany<Key>,
     errors: Box<[ManifestError]>,
 }
 
@@ -166,6 +167,56 @@ impl DocumentRecord {
     /// Documents with problems are parsed again (their messages carry line numbers).
     fn reusable(&self) -> bool {
         self.hash.is_some() && self.errors.is_empty()
+    }
+}
+
+/// One value inline, or any other number boxed: almost every document defines one object,
+/// and almost every object has one definition (a one-element list was an allocation of its
+/// own per object, 110k of them at 10k Services x 10 Pods).
+#[derive(Debug, Clone)]
+enum OneOrMany<T> {
+    One(T),
+    Many(Box<[T]>),
+}
+
+impl<T> Default for OneOrMany<T> {
+    fn default() -> Self {
+        OneOrMany::Many(Box::default())
+    }
+}
+
+impl<T> OneOrMany<T> {
+    fn from_vec(mut values: Vec<T>) -> Self {
+        match values.pop() {
+            Some(only) if values.is_empty() => OneOrMany::One(only),
+            Some(last) => {
+                values.push(last);
+                OneOrMany::Many(values.into_boxed_slice())
+            }
+            None => OneOrMany::default(),
+        }
+    }
+
+    fn into_vec(self) -> Vec<T> {
+        match self {
+            OneOrMany::One(only) => vec![only],
+            OneOrMany::Many(values) => values.into_vec(),
+        }
+    }
+
+    fn as_slice(&self) -> &[T] {
+        match self {
+            OneOrMany::One(only) => std::slice::from_ref(only),
+            OneOrMany::Many(values) => values,
+        }
+    }
+
+    fn first(&self) -> Option<&T> {
+        self.as_slice().first()
+    }
+
+    fn len(&self) -> usize {
+        self.as_slice().len()
     }
 }
 
@@ -332,7 +383,7 @@ impl ManifestStore {
                             if definition.at.item == u32::MAX {
                                 definition.at.line = small(Some(content_line));
                             }
-                            let reference = old.documents[old_index].objects[definition.n as usize].clone();
+                            let reference = old.documents[old_index].objects.as_slice()[definition.n as usize].clone();
                             objects.push(reference.clone());
                             self.insert(reference, definition);
                         }
@@ -355,7 +406,8 @@ impl ManifestStore {
                         }
                     }
                 }
-                record.documents.push(DocumentRecord { hash, objects: objects.into(), errors: errors.into() });
+                let objects = OneOrMany::from_vec(objects);
+                record.documents.push(DocumentRecord { hash, objects, errors: errors.into() });
             }
             self.files.insert(Arc::clone(path), record);
         }
@@ -389,15 +441,18 @@ impl ManifestStore {
         let mut taken = Vec::with_capacity(record.documents.len());
         for (index, document) in record.documents.iter().enumerate() {
             let mut definitions = Vec::with_capacity(document.objects.len());
-            for (n, reference) in document.objects.iter().enumerate() {
+            for (n, reference) in document.objects.as_slice().iter().enumerate() {
                 before.entry(reference.clone()).or_insert_with(|| winner(&self.definitions, reference));
-                let Some(list) = self.definitions.get_mut(reference) else { continue };
+                let Some(held) = self.definitions.get_mut(reference) else { continue };
+                let mut list = std::mem::take(held).into_vec();
                 if let Some(at) =
                     list.iter().position(|d| *d.file == **path && d.document as usize == index && d.n as usize == n)
                 {
                     definitions.push(list.remove(at));
                 }
-                match list.len() {
+                let left = list.len();
+                *held = OneOrMany::from_vec(list);
+                match left {
                     0 => {
                         self.definitions.remove(reference);
                         self.duplicated.remove(reference);
@@ -419,14 +474,18 @@ impl ManifestStore {
     }
 
     fn insert(&mut self, reference: Key, definition: Definition) {
-        let list = self.definitions.entry(reference.clone()).or_default();
-        // Almost every object has one definition: room for exactly one, not the four a
-        // first `insert` makes room for (that was 46 MB of 110k definitions at 10k x 10).
-        list.reserve_exact(1);
-        let at = list.partition_point(|d| d.order() < definition.order());
-        list.insert(at, definition);
-        if list.len() > 1 {
-            self.duplicated.insert(reference);
+        // Almost every object has one definition, held inline (see [`OneOrMany`]).
+        match self.definitions.entry(reference) {
+            Entry::Vacant(slot) => {
+                slot.insert(OneOrMany::One(definition));
+            }
+            Entry::Occupied(mut slot) => {
+                let mut list = std::mem::take(slot.get_mut()).into_vec();
+                let at = list.partition_point(|d| d.order() < definition.order());
+                list.insert(at, definition);
+                *slot.get_mut() = OneOrMany::from_vec(list);
+                self.duplicated.insert(Arc::clone(slot.key()));
+            }
         }
     }
 
@@ -436,7 +495,7 @@ impl ManifestStore {
         let mut duplicates: HashMap<&Path, Vec<(usize, usize, ManifestError)>> = HashMap::new();
         for reference in &self.duplicated {
             let Some(list) = self.definitions.get(reference) else { continue };
-            let Some((first, later)) = list.split_first() else { continue };
+            let Some((first, later)) = list.as_slice().split_first() else { continue };
             for definition in later {
                 let error = ManifestError::DuplicateObject {
                     position: definition.position(),
@@ -469,12 +528,12 @@ impl ManifestStore {
     /// order, and the allocator settles conflicting requests (two Services asking for the
     /// same ClusterIP) by it, so an incremental caller must too.
     pub(crate) fn order_of(&self, object: &ObjectRef) -> Option<DefinitionOrder<'_>> {
-        self.definitions.get(object).and_then(|list| list.first()).map(Definition::order)
+        self.definitions.get(object).and_then(OneOrMany::first).map(Definition::order)
     }
 
     /// Where the winning definition of `object` is.
     pub(crate) fn position_of(&self, object: &ObjectRef) -> Option<Position> {
-        self.definitions.get(object).and_then(|list| list.first()).map(Definition::position)
+        self.definitions.get(object).and_then(OneOrMany::first).map(Definition::position)
     }
 
     /// The whole state as one complete load (objects in path, then document order), as
@@ -483,8 +542,8 @@ impl ManifestStore {
         let mut assembler = Assembler::default();
         for (path, record) in &self.files {
             for (index, document) in record.documents.iter().enumerate() {
-                for (n, reference) in document.objects.iter().enumerate() {
-                    let Some(first) = self.definitions.get(reference).and_then(|list| list.first()) else { continue };
+                for (n, reference) in document.objects.as_slice().iter().enumerate() {
+                    let Some(first) = self.definitions.get(reference).and_then(OneOrMany::first) else { continue };
                     if *first.file == **path && first.document as usize == index && first.n as usize == n {
                         assembler
                             .add_object(ParsedObject { object: first.object.to_object(), position: first.position() });
@@ -498,6 +557,6 @@ impl ManifestStore {
     }
 }
 
-fn winner(definitions: &HashMap<Key, Vec<Definition>>, reference: &ObjectRef) -> Option<Arc<Held>> {
-    definitions.get(reference).and_then(|list| list.first()).map(|d| Arc::clone(&d.object))
+fn winner(definitions: &HashMap<Key, OneOrMany<Definition>>, reference: &ObjectRef) -> Option<Arc<Held>> {
+    definitions.get(reference).and_then(OneOrMany::first).map(|d| Arc::clone(&d.object))
 }
