@@ -269,6 +269,11 @@ impl Definition {
     }
 }
 
+/// About how much file text one batch of [`ManifestStore::apply`] reads and parses before
+/// storing it (a file is never split): enough for the parse threads, small enough that
+/// one batch's temporaries are a few megabytes.
+const BATCH_TEXT: usize = 2 * 1024 * 1024;
+
 /// How a document of a re-read file is obtained.
 enum Source {
     /// The same text as document `old` of the previous version.
@@ -295,18 +300,57 @@ impl ManifestStore {
             }
         }
 
-        // Read every changed file, then decide document by document what to parse.
-        let started = Instant::now();
+        // The changed files a batch at a time (read, split, parse, store), so that the
+        // parse's temporaries of one batch are freed before the next is parsed: the records
+        // kept are made among at most one batch's remains, which the allocator then reuses,
+        // rather than among the whole directory's (pages a record pins stay resident).
+        self.phases.read = Duration::ZERO;
+        self.phases.split = Duration::ZERO;
+        self.phases.parse = Duration::ZERO;
+        self.phases.store = Duration::ZERO;
         let paths: Vec<Arc<Path>> = changed.into_iter().map(Arc::from).collect();
-        let mut texts: Vec<Result<String, ManifestError>> = Vec::with_capacity(paths.len());
-        for path in &paths {
+        let (mut first, mut texts, mut batch_text) = (0, Vec::new(), 0);
+        for (i, path) in paths.iter().enumerate() {
+            let started = Instant::now();
             self.counters.files_read += 1;
-            texts.push(
-                fs::read_to_string(path)
-                    .map_err(|source| ManifestError::ReadFile { path: path.to_path_buf(), source: Arc::new(source) }),
-            );
+            let text = fs::read_to_string(path)
+                .map_err(|source| ManifestError::ReadFile { path: path.to_path_buf(), source: Arc::new(source) });
+            batch_text += text.as_ref().map_or(0, String::len);
+            texts.push(text);
+            self.phases.read += started.elapsed();
+            if batch_text >= BATCH_TEXT || i + 1 == paths.len() {
+                self.apply_batch(&paths[first..=i], std::mem::take(&mut texts), &mut before);
+                (first, batch_text) = (i + 1, 0);
+            }
         }
-        self.phases.read = started.elapsed();
+
+        let started = Instant::now();
+        let mut changes: Vec<ObjectChange> = before
+            .into_iter()
+            .filter_map(|(reference, old)| {
+                let new = winner(&self.definitions, &reference);
+                let same = match (&old, &new) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+                    _ => false,
+                };
+                (!same).then_some((reference, new))
+            })
+            .collect();
+        changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        self.interner.forget_unused();
+        self.phases.store += started.elapsed();
+        changes
+    }
+
+    /// Splits, parses and stores one batch of re-read files (`texts` in the order of `paths`).
+    fn apply_batch(
+        &mut self,
+        paths: &[Arc<Path>],
+        texts: Vec<Result<String, ManifestError>>,
+        before: &mut HashMap<Key, Option<Arc<Held>>>,
+    ) {
+        // Decide document by document what to parse.
         let started = Instant::now();
         let mut work: Vec<Work<'_>> = Vec::new();
         let mut plans: Vec<Vec<(Option<DocHash>, Source)>> = Vec::with_capacity(paths.len());
@@ -341,7 +385,7 @@ impl ManifestStore {
             }
             plans.push(plan);
         }
-        self.phases.split = started.elapsed();
+        self.phases.split += started.elapsed();
         let started = Instant::now();
         // Only the documents not reused are parsed (on several threads when there is much).
         let needed: Vec<usize> = plans
@@ -358,14 +402,14 @@ impl ManifestStore {
         let mut results: HashMap<usize, FileContents> = needed
             .iter()
             .copied()
-            .zip(parse_work(&selected, &paths).into_iter().map(|(_, contents)| contents))
+            .zip(parse_work(&selected, paths).into_iter().map(|(_, contents)| contents))
             .collect();
-        self.phases.parse = started.elapsed();
+        self.phases.parse += started.elapsed();
         let started = Instant::now();
 
         for ((path, text), plan) in paths.iter().zip(texts.iter()).zip(plans) {
             let old = self.files.remove(path).unwrap_or_default();
-            let mut old_definitions = self.take_definitions(path, &old, &mut before);
+            let mut old_definitions = self.take_definitions(path, &old, before);
             let mut record = FileRecord { documents: Vec::with_capacity(plan.len()), ..FileRecord::default() };
             if let Err(error) = text {
                 record.errors.push(error.clone());
@@ -411,23 +455,7 @@ impl ManifestStore {
             }
             self.files.insert(Arc::clone(path), record);
         }
-
-        let mut changes: Vec<ObjectChange> = before
-            .into_iter()
-            .filter_map(|(reference, old)| {
-                let new = winner(&self.definitions, &reference);
-                let same = match (&old, &new) {
-                    (None, None) => true,
-                    (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
-                    _ => false,
-                };
-                (!same).then_some((reference, new))
-            })
-            .collect();
-        changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        self.interner.forget_unused();
-        self.phases.store = started.elapsed();
-        changes
+        self.phases.store += started.elapsed();
     }
 
     /// Removes every definition `record` (of file `path`) made, remembering each object's
