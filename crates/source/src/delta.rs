@@ -27,7 +27,7 @@ use svcplane_core::model::NamespacedName;
 
 use crate::convert::{FieldError, new_slice_address_errors, node_to_core, service_to_core, slice_to_core};
 use crate::diff::PartialSnapshot;
-use crate::held::{PodRecord, ServiceRecord};
+use crate::held::{HeldPod, ServiceRecord};
 use crate::manifests::{ObjectKind, ObjectRef};
 use crate::store::{DefinitionOrder, Held, Key, ManifestStore, ObjectChange};
 
@@ -439,7 +439,7 @@ impl DeltaState {
         let Some(pods) = self.pods_by_label.get(&label_key(&reference.namespace, key, value)) else {
             return Vec::new();
         };
-        pods.iter().filter_map(|pod| self.pods.get(pod).and_then(|o| o.as_pod())).map(PodRecord::to_pod).collect()
+        pods.iter().filter_map(|pod| Some(self.pods.get(pod)?.as_pod()?.to_pod(&pod.namespace, &pod.name))).collect()
     }
 
     fn index_service(&mut self, reference: &Key, service: &ServiceRecord) {
@@ -462,7 +462,7 @@ impl DeltaState {
     }
 
     /// Adds the Services of `namespace` whose selector matches the labels of `pod`.
-    fn services_selecting(&self, namespace: &str, pod: &PodRecord, found: &mut BTreeSet<Key>) {
+    fn services_selecting(&self, namespace: &str, pod: &HeldPod, found: &mut BTreeSet<Key>) {
         for (key, value) in pod.labels() {
             let Some(services) = self.services_by_selector.get(&label_key(namespace, key, value)) else { continue };
             for reference in services {

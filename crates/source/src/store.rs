@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use svcplane_controller::load_balancer::LoadBalancerIPPool;
 
-use crate::held::{Interner, PodRecord, ServiceRecord};
+use crate::held::{HeldPod, Interner, ServiceRecord};
 use crate::manifests::{
     AnyObject, Assembler, FileContents, Loaded, ManifestError, ObjectRef, ParsedObject, Position, Unit, Work, is_json,
     parse_work, push_work,
@@ -33,7 +33,7 @@ use crate::manifests::{
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Held {
     /// Inline, not boxed: Pods are most of the objects, and one allocation each is enough.
-    Pod(PodRecord),
+    Pod(HeldPod),
     Service(ServiceRecord),
     Other(AnyObject),
 }
@@ -50,10 +50,10 @@ impl Held {
         }
     }
 
-    /// The object as the complete-read paths want it.
-    pub(crate) fn to_object(&self) -> AnyObject {
+    /// The object named `reference` as the complete-read paths want it.
+    pub(crate) fn to_object(&self, reference: &ObjectRef) -> AnyObject {
         match self {
-            Held::Pod(record) => AnyObject::Pod(Box::new(record.clone())),
+            Held::Pod(pod) => AnyObject::Pod(Box::new(pod.to_record(&reference.namespace, &reference.name))),
             Held::Service(record) => AnyObject::Service(Box::new(record.service())),
             Held::Other(object) => object.clone(),
         }
@@ -63,7 +63,7 @@ impl Held {
         if let Held::Service(record) = self { Some(record) } else { None }
     }
 
-    pub(crate) fn as_pod(&self) -> Option<&PodRecord> {
+    pub(crate) fn as_pod(&self) -> Option<&HeldPod> {
         if let Held::Pod(record) = self { Some(record) } else { None }
     }
 
@@ -573,8 +573,10 @@ impl ManifestStore {
                 for (n, reference) in document.objects.as_slice().iter().enumerate() {
                     let Some(first) = self.definitions.get(reference).and_then(OneOrMany::first) else { continue };
                     if *first.file == **path && first.document as usize == index && first.n as usize == n {
-                        assembler
-                            .add_object(ParsedObject { object: first.object.to_object(), position: first.position() });
+                        assembler.add_object(ParsedObject {
+                            object: first.object.to_object(reference),
+                            position: first.position(),
+                        });
                     }
                 }
             }
