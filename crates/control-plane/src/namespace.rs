@@ -3,6 +3,7 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use nix::sched::{CloneFlags, setns};
@@ -51,14 +52,29 @@ pub struct BareNamespace {
 }
 
 impl BareNamespace {
-    /// Creates `svcplane-cp-<pid>-<n>`. Namespaces of this kind left by test processes that
-    /// no longer run (killed before they could clean up) are removed first, with whatever
-    /// still runs inside them.
+    /// Creates `svcplane-cp-<pid>-<n>-<nanos>`: `n` counts this process's namespaces, the
+    /// nanoseconds keep a reused pid from meeting a leftover's name. (A test once failed
+    /// with "File exists" for a name made of the pid and the nanoseconds alone; such a
+    /// failure is now retried under another name, twice at most.)
+    /// Namespaces of this kind left by test processes that no longer run (killed before
+    /// they could clean up) are removed first, with whatever still runs inside them.
     pub fn create() -> Result<Self, ControlPlaneError> {
+        static CREATED: AtomicU32 = AtomicU32::new(0);
         sweep_leftovers();
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-        let name = format!("svcplane-cp-{}-{nanos:x}", std::process::id());
-        ip_cmd(&["netns", "add", &name])?;
+        let mut attempt = 0;
+        let name = loop {
+            let n = CREATED.fetch_add(1, Ordering::Relaxed);
+            let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+            let name = format!("svcplane-cp-{}-{n}-{nanos:x}", std::process::id());
+            match ip_cmd(&["netns", "add", &name]) {
+                Ok(()) => break name,
+                // Another name on "File exists": the cause of the one seen is not known.
+                Err(ControlPlaneError::Command { detail, .. }) if detail.contains("File exists") && attempt < 2 => {
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        };
         let namespace = Self { name };
         ip_cmd(&["-n", &namespace.name, "link", "set", "lo", "up"])?;
         Ok(namespace)
