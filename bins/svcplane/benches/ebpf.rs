@@ -8,12 +8,14 @@
 //! a partial sync, `--changes` different Services), the kernel memory of the maps. Then, in
 //! a one-node lab with 30k other Services (`--others`), TCP connect latency p50/p99 and bulk
 //! throughput through the ClusterIP in eBPF mode and in nftables mode, each as a ratio to
-//! the same client reaching the same pod directly. See `docs/benchmarks.md`.
+//! the same client reaching the same pod directly; `--same-path` times the direct path
+//! against itself, to show how far the ratios scatter with no difference at all. See
+//! `docs/benchmarks.md`.
 
 mod common;
 
 use std::fmt::Write as _;
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -43,6 +45,9 @@ struct Args {
     bulk_mib: usize,
     /// Also show where the eBPF cold sync's time goes, and its floor.
     phases: bool,
+    /// Time both connect and stream paths straight to the pod (the "ClusterIP" columns
+    /// too): the ratios' own scatter, which a real difference must stand out of.
+    same_path: bool,
     markdown: Option<PathBuf>,
 }
 
@@ -56,6 +61,7 @@ fn parse_args() -> anyhow::Result<Args> {
         others: 30_000,
         bulk_mib: 512,
         phases: false,
+        same_path: false,
         markdown: None,
     };
     let mut it = std::env::args().skip(1);
@@ -71,9 +77,10 @@ fn parse_args() -> anyhow::Result<Args> {
             "--bulk-mib" => args.bulk_mib = value()?.parse()?,
             "--markdown" => args.markdown = Some(value()?.into()),
             "--phases" => args.phases = true,
+            "--same-path" => args.same_path = true,
             "--bench" => {}
             other => bail!(
-                "unknown argument {other:?} (--sizes A,B --endpoints E --repeat N --changes N --connects N --others N --bulk-mib N --phases --markdown FILE)"
+                "unknown argument {other:?} (--sizes A,B --endpoints E --repeat N --changes N --connects N --others N --bulk-mib N --phases --same-path --markdown FILE)"
             ),
         }
     }
@@ -366,6 +373,11 @@ fn throughput(lab: &Lab, pod: &str, target: SocketAddr, mib: usize) -> anyhow::R
             stream.write_all(&chunk)?;
         }
         stream.shutdown(std::net::Shutdown::Write)?;
+        // Delivered, not only handed to the socket's buffers (several MiB): the server
+        // closes once it has read everything.
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let mut end = [0u8; 1];
+        ensure!(stream.read(&mut end)? == 0, "the server sent data");
         Ok(started.elapsed())
     })??;
     Ok((mib << 20) as f64 / took.as_secs_f64())
@@ -401,6 +413,7 @@ fn paired(
     args: &Args,
     first_port: u16,
 ) -> anyhow::Result<Paired> {
+    let service = if args.same_path { direct } else { service };
     let (mut through, mut straight) = (Vec::new(), Vec::new());
     let (mut service_stream, mut direct_stream) = (0f64, 0f64);
     let mut ratios = Vec::with_capacity(ROUNDS);

@@ -155,7 +155,13 @@ pub fn show(d: Duration) -> String {
 // ---------------------------------------------------------------------------------------
 // Connections through a ClusterIP in a lab.
 
-/// A TCP server in a pod: accepts and reads until the stop flag (600 s at most).
+/// A TCP server in a pod: accepts and reads each connection to its end, then closes it,
+/// until the stop flag (600 s at most).
+///
+/// It is built to stay out of the connect measurements' way: the accept loop blocks (a
+/// 100 ms timeout to see the stop flag) instead of polling, and a connection whose client
+/// has already closed it (every timed connect) is closed at once, with no thread of its
+/// own; only a connection still sending (a stream) gets a reading thread.
 pub fn serve(lab: &Lab, pod: &str, stop: Arc<AtomicBool>) -> anyhow::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
     let namespace = lab.pod(pod).namespace_name();
     // A long accept queue: under emulation the accept loop can fall behind a burst of
@@ -165,24 +171,32 @@ pub fn serve(lab: &Lab, pod: &str, stop: Arc<AtomicBool>) -> anyhow::Result<(Soc
         socket.set_reuse_address(true)?;
         socket.bind(&SocketAddr::from(([0, 0, 0, 0], TARGET_PORT)).into())?;
         socket.listen(4096)?;
+        // accept() honours the receive timeout.
+        socket.set_read_timeout(Some(Duration::from_millis(100)))?;
         Ok(socket.into())
     })??;
-    listener.set_nonblocking(true)?;
     let address = SocketAddr::new(IpAddr::V4(lab.pod(pod).ip_v4()), TARGET_PORT);
     let handle = std::thread::spawn(move || {
+        // Off the CPU the timed connects run on (see `connects_interleaved`).
+        let _ = pin_to_cpu(0);
         let deadline = Instant::now() + Duration::from_secs(600);
         while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-            match listener.accept() {
-                Ok((mut stream, _)) => {
-                    let _ = stream.set_nonblocking(false);
-                    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
-                    std::thread::spawn(move || {
-                        let mut buffer = vec![0u8; 1 << 16];
-                        while matches!(stream.read(&mut buffer), Ok(n) if n > 0) {}
-                    });
+            let Ok((mut stream, _)) = listener.accept() else { continue };
+            let mut buffer = [0u8; 1];
+            if stream.set_nonblocking(true).is_ok() {
+                match stream.peek(&mut buffer) {
+                    // Closed (or reset) by its client already: dropped here.
+                    Ok(0) => continue,
+                    Err(error) if error.kind() != std::io::ErrorKind::WouldBlock => continue,
+                    _ => {}
                 }
-                Err(_) => std::thread::sleep(Duration::from_micros(200)),
             }
+            let _ = stream.set_nonblocking(false);
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+            std::thread::spawn(move || {
+                let mut buffer = vec![0u8; 1 << 16];
+                while matches!(stream.read(&mut buffer), Ok(n) if n > 0) {}
+            });
         }
     });
     Ok((address, handle))
@@ -219,7 +233,8 @@ pub fn connects(
 
 /// [`connects`] to two targets interleaved one by one (which goes first alternating), so
 /// both meet the same moments of the machine: a burst of scheduling noise lands on both
-/// paths alike instead of on one block of one path's samples.
+/// paths alike instead of on one block of one path's samples. Each socket is closed with
+/// a reset once timed.
 pub fn connects_interleaved(
     lab: &Lab,
     pod: &str,
@@ -228,23 +243,47 @@ pub fn connects_interleaved(
     first_ports: [u16; 2],
 ) -> anyhow::Result<[Vec<Duration>; 2]> {
     lab.run_in(pod, || -> anyhow::Result<[Vec<Duration>; 2]> {
-        let mut samples = [Vec::with_capacity(count), Vec::with_capacity(count)];
-        for k in 0..count {
-            let order = if k % 2 == 0 { [0, 1] } else { [1, 0] };
-            for path in order {
-                let port = u16::try_from(usize::from(first_ports[path]) + k).context("source ports run out")?;
-                let started = Instant::now();
-                let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-                socket.set_reuse_address(true)?;
-                socket.bind(&SocketAddr::from(([0, 0, 0, 0], port)).into())?;
-                socket
-                    .connect_timeout(&targets[path].into(), CONNECT_TIMEOUT)
-                    .map_err(|error| anyhow::anyhow!("connect {} of {count} to {}: {error}", k + 1, targets[path]))?;
-                samples[path].push(started.elapsed());
-            }
+        // On the last CPU, where the server's accept loop (pinned to the first) does not
+        // preempt it; the affinity the thread had is given back after.
+        let had = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        if cpus > 1 {
+            pin_to_cpu(cpus - 1)?;
         }
-        Ok(samples)
+        let timed = connect_pairs(targets, count, first_ports);
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &had)?;
+        timed
     })?
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to_cpu(cpu: usize) -> nix::Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu)?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+}
+
+/// The timed connects of [`connects_interleaved`], on the calling thread.
+fn connect_pairs(targets: [SocketAddr; 2], count: usize, first_ports: [u16; 2]) -> anyhow::Result<[Vec<Duration>; 2]> {
+    let mut samples = [Vec::with_capacity(count), Vec::with_capacity(count)];
+    for k in 0..count {
+        let order = if k % 2 == 0 { [0, 1] } else { [1, 0] };
+        for path in order {
+            let port = u16::try_from(usize::from(first_ports[path]) + k).context("source ports run out")?;
+            let started = Instant::now();
+            let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            socket.set_reuse_address(true)?;
+            socket.bind(&SocketAddr::from(([0, 0, 0, 0], port)).into())?;
+            socket
+                .connect_timeout(&targets[path].into(), CONNECT_TIMEOUT)
+                .map_err(|error| anyhow::anyhow!("connect {} of {count} to {}: {error}", k + 1, targets[path]))?;
+            samples[path].push(started.elapsed());
+            // Closed with a reset: no FIN exchange and no TIME_WAIT whose work would
+            // land in the next connect's window (either path's, either mode's).
+            socket.set_linger(Some(Duration::ZERO))?;
+        }
+    }
+    Ok(samples)
 }
 
 /// Connect p50 and p99 through the Service and straight to the pod, measured alternately
