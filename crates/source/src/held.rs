@@ -129,12 +129,22 @@ type NamedPort = (Box<str>, Option<Box<str>>, i32);
 /// A Pod's labels, in key order; shared by the Pods that have the same ones.
 type LabelSet = Arc<[(Arc<str>, Arc<str>)]>;
 
-/// The strings and label sets records share. Entries no record holds any more are dropped
-/// by [`Interner::forget_unused`], so edits do not make it grow for good.
+/// A held Pod's node and phase, shared by the Pods that have the same pair (at 10k
+/// Services x 10 Pods, ten nodes and one phase): one pointer in each [`HeldPod`] instead of
+/// two 16-byte ones, which brings a held Pod's allocation from 112 to 80 bytes.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Placement {
+    node_name: Option<Arc<str>>,
+    phase: Option<Arc<str>>,
+}
+
+/// The strings, label sets and placements records share. Entries no record holds any more
+/// are dropped by [`Interner::forget_unused`], so edits do not make it grow for good.
 #[derive(Debug, Default)]
 pub(crate) struct Interner {
     strings: HashSet<Arc<str>>,
     label_sets: HashSet<LabelSet>,
+    placements: HashSet<Arc<Placement>>,
     /// Entries after the last [`Interner::forget_unused`].
     kept: usize,
 }
@@ -159,21 +169,34 @@ impl Interner {
         shared
     }
 
+    fn placement(&mut self, node_name: Option<&str>, phase: Option<&str>) -> Arc<Placement> {
+        let placement = Placement {
+            node_name: node_name.map(|node| self.string(node)),
+            phase: phase.map(|phase| self.string(phase)),
+        };
+        if let Some(shared) = self.placements.get(&placement) {
+            return Arc::clone(shared);
+        }
+        let shared = Arc::new(placement);
+        self.placements.insert(Arc::clone(&shared));
+        shared
+    }
+
     /// Drops the entries only the interner holds, once it has doubled since the last time
     /// (so the cost is spread over the insertions that made it grow).
     pub(crate) fn forget_unused(&mut self) {
-        let len = self.strings.len() + self.label_sets.len();
-        if len < 2 * self.kept.max(1024) {
+        if self.len() < 2 * self.kept.max(1024) {
             return;
         }
+        // Label sets and placements first: the strings only they held are then unused too.
         self.label_sets.retain(|set| Arc::strong_count(set) > 1);
+        self.placements.retain(|placement| Arc::strong_count(placement) > 1);
         self.strings.retain(|text| Arc::strong_count(text) > 1);
-        self.kept = self.strings.len() + self.label_sets.len();
+        self.kept = self.len();
     }
 
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.strings.len() + self.label_sets.len()
+        self.strings.len() + self.label_sets.len() + self.placements.len()
     }
 }
 
@@ -261,15 +284,14 @@ struct ConditionDocument {
 /// A Pod as the store keeps it: its [`PodRecord`] without the name and namespace (the
 /// store's name for the object holds them), with the strings that repeat over Pods shared
 /// and the usual addresses (`podIP` an IPv4 address, `podIPs` just that one) in four
-/// bytes: 80 bytes and no allocation of its own, where the record is 128 bytes and two
+/// bytes: 56 bytes and no allocation of its own, where the record is 128 bytes and two
 /// allocations (name, address).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct HeldPod {
     /// In key order.
     labels: LabelSet,
-    node_name: Option<Arc<str>>,
+    placement: Arc<Placement>,
     rare: Option<Box<RareFields>>,
-    phase: Option<Arc<str>>,
     addresses: Addresses,
     ready: bool,
 }
@@ -324,9 +346,9 @@ impl HeldPod {
             name: Box::from(name),
             namespace: Arc::from(namespace),
             labels: Arc::clone(&self.labels),
-            node_name: self.node_name.clone(),
+            node_name: self.placement.node_name.clone(),
             rare: self.rare.clone(),
-            phase: self.phase.clone(),
+            phase: self.placement.phase.clone(),
             pod_ip,
             pod_ips,
             pod_ips_is_pod_ip,
@@ -406,9 +428,8 @@ impl PodRecord {
     pub(crate) fn shared(&self, interner: &mut Interner) -> HeldPod {
         HeldPod {
             labels: interner.label_set(&self.labels),
-            node_name: self.node_name.as_deref().map(|node| interner.string(node)),
+            placement: interner.placement(self.node_name.as_deref(), self.phase.as_deref()),
             rare: self.rare.clone(),
-            phase: self.phase.as_deref().map(|phase| interner.string(phase)),
             addresses: Addresses::of(self.pod_ip.as_deref(), &self.pod_ips, self.pod_ips_is_pod_ip),
             ready: self.ready,
         }
@@ -521,15 +542,17 @@ mod tests {
         assert_eq!(shared_a.to_record("shop", "a"), a);
         assert_eq!(shared_a.to_pod("shop", "a"), a.to_pod());
         assert!(Arc::ptr_eq(&shared_a.labels, &shared_b.labels));
-        assert!(Arc::ptr_eq(shared_a.node_name.as_ref().unwrap(), shared_b.node_name.as_ref().unwrap()));
+        assert!(Arc::ptr_eq(&shared_a.placement, &shared_b.placement), "one node and phase, one placement");
         assert_eq!(shared_a.addresses, Addresses::V4([198, 18, 129, 2]), "podIP and podIPs in four bytes");
-        assert!(size_of::<HeldPod>() <= 80, "{} bytes", size_of::<HeldPod>());
+        assert!(size_of::<HeldPod>() <= 56, "{} bytes", size_of::<HeldPod>());
         assert!(shared_a.rare.is_none(), "no uid, hostname, subdomain, deletion or named port: nothing rare kept");
         let held = interner.len();
         for i in 0..3000 {
-            drop(bench_pod(&format!("p-{i}"), &format!("app-{i}")).shared(&mut interner));
+            let mut pod = bench_pod(&format!("p-{i}"), &format!("app-{i}"));
+            pod.node_name = Some(Arc::from(format!("node-x{i}")));
+            drop(pod.shared(&mut interner));
         }
-        assert!(interner.len() >= held + 3000, "every new label set and value was interned");
+        assert!(interner.len() >= held + 4 * 3000, "every new label set, value, node and placement was interned");
         interner.forget_unused();
         assert_eq!(interner.len(), held, "only what the two records still hold stays");
         assert_eq!(shared_b.label("app"), Some("web"));

@@ -673,4 +673,10 @@ mod tests {
         assert_eq!((record.documents(), record.objects_of(0).len()), (1, 2));
         assert_eq!(record.reusable_hash(0), None, "a JSON file's one unit has no digest and is never reused");
     }
+
+    #[test]
+    fn a_held_pod_with_its_shared_counts_fits_an_80_byte_allocation() {
+        // Counts (16 bytes) and the object; glibc's chunk adds 8 bytes and rounds up to 16.
+        assert!(16 + size_of::<Held>() <= 72, "{} bytes", size_of::<Held>());
+    }
 }
