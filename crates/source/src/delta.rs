@@ -43,7 +43,7 @@ fn label_key(namespace: &str, key: &str, value: &str) -> u64 {
 #[derive(Debug, Default)]
 pub(crate) struct DeltaState {
     services: BTreeMap<Key, Arc<Held>>,
-    pods: HashMap<Key, Arc<Held>>,
+    // No map of the Pods: the store holds them (a second map of 100k names was 2.2 MB).
     nodes: BTreeMap<Key, Arc<Held>>,
     /// The Nodes as the slice planner wants them (zones), rebuilt when one changes.
     node_list: Vec<Node>,
@@ -179,7 +179,7 @@ impl DeltaState {
         let mut slices_changed: Vec<Key> = Vec::new();
         let mut nodes_changed: Vec<Key> = Vec::new();
         let mut pools_changed = false;
-        for (reference, new) in changes {
+        for (reference, old, new) in changes {
             match reference.kind {
                 ObjectKind::Service => {
                     let old = match &new {
@@ -195,10 +195,6 @@ impl DeltaState {
                     services_changed.insert(reference);
                 }
                 ObjectKind::Pod => {
-                    let old = match &new {
-                        Some(object) => self.pods.insert(reference.clone(), Arc::clone(object)),
-                        None => self.pods.remove(&reference),
-                    };
                     for pod in [old.as_deref(), new.as_deref()].into_iter().flatten().filter_map(Held::as_pod) {
                         self.services_selecting(&reference.namespace, pod, &mut affected);
                     }
@@ -331,7 +327,7 @@ impl DeltaState {
 
         output.services_touched = affected.len();
         for reference in &affected {
-            self.publish_service(reference, &mut output.partial);
+            self.publish_service(reference, store, &mut output.partial);
         }
         for reference in slices_changed {
             self.publish_slice(&reference, &mut output.partial);
@@ -340,7 +336,7 @@ impl DeltaState {
     }
 
     /// Plans, converts and hands over one Service and its generated slices (or their removal).
-    fn publish_service(&mut self, reference: &Key, partial: &mut PartialSnapshot) {
+    fn publish_service(&mut self, reference: &Key, store: &ManifestStore, partial: &mut PartialSnapshot) {
         let name = NamespacedName::new(&*reference.namespace, &*reference.name);
         self.convert_errors.remove(reference);
         let old_slices = self.generated.remove(reference).unwrap_or_default();
@@ -352,7 +348,7 @@ impl DeltaState {
             None => self.allocated_service(reference),
         };
         if let Some(service) = &service {
-            let candidates = self.candidates(reference, service);
+            let candidates = self.candidates(reference, service, store);
             let candidates: Vec<&Pod> = candidates.iter().collect();
             match plan_slices_from(service, &candidates, &self.node_list) {
                 Err(error) => {
@@ -431,15 +427,15 @@ impl DeltaState {
     }
 
     /// The Pods that may be selected by `service` (those with its selector's first label),
-    /// rebuilt from their records for the planner.
-    fn candidates(&self, reference: &ObjectRef, service: &Service) -> Vec<Pod> {
+    /// rebuilt from the store's records for the planner.
+    fn candidates(&self, reference: &ObjectRef, service: &Service, store: &ManifestStore) -> Vec<Pod> {
         let Some((key, value)) = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()?.iter().next()) else {
             return Vec::new();
         };
         let Some(pods) = self.pods_by_label.get(&label_key(&reference.namespace, key, value)) else {
             return Vec::new();
         };
-        pods.iter().filter_map(|pod| Some(self.pods.get(pod)?.as_pod()?.to_pod(&pod.namespace, &pod.name))).collect()
+        pods.iter().filter_map(|pod| Some(store.winner(pod)?.as_pod()?.to_pod(&pod.namespace, &pod.name))).collect()
     }
 
     fn index_service(&mut self, reference: &Key, service: &ServiceRecord) {

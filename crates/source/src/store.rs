@@ -94,9 +94,9 @@ fn digest(text: &str) -> DocHash {
     (first.finish(), second.finish())
 }
 
-/// One object whose winning definition changed: its new definition, or `None` when no file
-/// defines it any more.
-pub(crate) type ObjectChange = (Key, Option<Arc<Held>>);
+/// One object whose winning definition changed: its name, its winning definition before
+/// (`None` when no file defined it) and now (`None` when no file defines it any more).
+pub(crate) type ObjectChange = (Key, Option<Arc<Held>>, Option<Arc<Held>>);
 
 /// An object's name, allocated once and shared by the store's records and the controller
 /// step's maps and indexes (a Pod's name was held four times over).
@@ -378,7 +378,7 @@ impl ManifestStore {
                     (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
                     _ => false,
                 };
-                (!same).then_some((reference, new))
+                (!same).then_some((reference, old, new))
             })
             .collect();
         changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
@@ -599,6 +599,11 @@ impl ManifestStore {
     /// same ClusterIP) by it, so an incremental caller must too.
     pub(crate) fn order_of(&self, object: &ObjectRef) -> Option<DefinitionOrder<'_>> {
         self.definitions.get(object).and_then(OneOrMany::first).map(Definition::order)
+    }
+
+    /// The winning definition of `object`.
+    pub(crate) fn winner(&self, object: &ObjectRef) -> Option<&Held> {
+        self.definitions.get(object).and_then(OneOrMany::first).map(|definition| &*definition.object)
     }
 
     /// Where the winning definition of `object` is.
