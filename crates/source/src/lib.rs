@@ -44,7 +44,7 @@ pub use diff::{PartialSnapshot, SnapshotDiffer};
 pub use dns_view::{DnsServicePart, DnsSlicePart, DnsView, assemble_view, dns_view, service_to_dns};
 pub use feed::{FeedError, ManifestsFeed, ManifestsSettings};
 pub use manifests::{
-    ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectRef, Origins, Position, load_directory,
+    ClusterObjects, Loaded, ManifestError, ObjectKind, ObjectName, ObjectRef, Origins, Position, load_directory,
     parse_manifest_text,
 };
 pub use store::{Phases, StoreCounters};
