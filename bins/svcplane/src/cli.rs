@@ -450,10 +450,12 @@ pub struct EbpfArgs {
     /// disruption).
     #[arg(long, value_name = "PRIME", default_value_t = 16_381, value_parser = maglev_size)]
     pub maglev_table_size: u32,
-    /// Capacity of the connection-state maps (LRU): UDP flows of the node's and its pods'
-    /// sockets, and the tc program's tracking of flows from outside (two entries per flow).
-    /// A full one forgets its least recently used entries. (The sockets' reverse
-    /// translations live in each socket's own storage and need no capacity.)
+    /// Capacity of the connection-state maps: UDP flows of the node's and its pods'
+    /// sockets and the tc program's tracking of flows from outside (two entries per flow),
+    /// LRU maps whose full one forgets its least recently used entries; and the open
+    /// balanced TCP sockets' reverse translations (not preallocated; beyond it a socket's
+    /// getpeername() shows the endpoint). UDP sockets' reverse translations live in each
+    /// socket's own storage and need no capacity.
     #[arg(long, value_name = "N", default_value_t = 262_144)]
     pub bpf_map_sockets: u32,
     /// How external traffic to another node's endpoint returns: `snat` (through this

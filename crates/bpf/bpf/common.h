@@ -61,7 +61,8 @@ struct backend_value {
 #define BACKEND_F_LOCAL 1
 
 /* Reverse translation of socket-balanced flows: a socket talking to a backend sees the
- * Service address in recvmsg and getpeername. Kept in the socket's own storage
+ * Service address in recvmsg and getpeername. A TCP socket's one translation is kept in
+ * svcplane_tcp_rev (below); UDP sockets' in the socket's own storage
  * (svcplane_sock_rev, BPF_MAP_TYPE_SK_STORAGE): allocated when the socket is first balanced,
  * freed with the socket, so nothing is preallocated and no other socket can push it out. A
  * connected socket has one peer; an unconnected UDP socket may send to several Services
@@ -163,6 +164,22 @@ struct {
 	__type(value, struct rev_sock);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svcplane_sock_rev SEC(".maps");
+
+/* A balanced TCP socket's one reverse translation, by socket cookie: written at connect(),
+ * read by getpeername(), deleted when the socket is released (cgroup/sock_release). A hash
+ * without preallocation: nothing to make at a cold start, and an insert takes an element
+ * from the kernel's per-CPU caches where socket storage allocates memory for each socket
+ * and frees it after an RCU grace period (measured: that raised the connect p99). Sized
+ * like the other connection maps; should it be full, the connection still goes through and
+ * its getpeername() shows the endpoint. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__type(key, __u64);
+	__type(value, struct rev_entry);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svcplane_tcp_rev SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -9,6 +9,7 @@
 char _license[] SEC("license") = "Dual BSD/GPL";
 
 #define NS_PER_SEC 1000000000ULL
+#define PROTO_TCP_NUMBER 6
 #define PROTO_UDP_NUMBER 17
 
 /* A UDP flow (the client's network namespace and local port, to one frontend) stays on its
@@ -204,6 +205,30 @@ static __attribute__((noinline)) void remember(struct bpf_sock_addr *ctx, const 
 	entry->port = service->port;
 }
 
+/* A TCP socket has one peer: its translation goes in svcplane_tcp_rev by socket cookie,
+ * deleted by svcplane_sock_release. */
+static __always_inline void remember_tcp(struct bpf_sock_addr *ctx, const struct backend_value *backend,
+					 const struct svc_key *service)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct rev_entry entry;
+	__builtin_memset(&entry, 0, sizeof(entry));
+	__builtin_memcpy(entry.backend_addr, backend->addr, 16);
+	entry.backend_port = backend->port;
+	__builtin_memcpy(entry.addr, service->addr, 16);
+	entry.port = service->port;
+	bpf_map_update_elem(&svcplane_tcp_rev, &cookie, &entry, BPF_ANY);
+}
+
+static __always_inline void remember_any(struct bpf_sock_addr *ctx, const struct backend_value *backend,
+					 const struct svc_key *service)
+{
+	if (service->proto == PROTO_TCP_NUMBER)
+		remember_tcp(ctx, backend, service);
+	else
+		remember(ctx, backend, service);
+}
+
 /* connect() of the node's own UDP socket: remembered by cookie for the proxy, which closes
  * the socket when its endpoint stops serving. */
 static __always_inline void remember_udp_socket(struct bpf_sock_addr *ctx, const struct backend_value *backend,
@@ -221,6 +246,13 @@ static __always_inline void remember_udp_socket(struct bpf_sock_addr *ctx, const
 /* The Service address a reply from `addr`:`port` shows, if this socket was balanced to it. */
 static __always_inline struct rev_entry *recall(struct bpf_sock_addr *ctx, const __u8 *addr, __u16 port)
 {
+	if (ctx->protocol == PROTO_TCP_NUMBER) {
+		__u64 cookie = bpf_get_socket_cookie(ctx);
+		struct rev_entry *entry = bpf_map_lookup_elem(&svcplane_tcp_rev, &cookie);
+		if (entry && entry->backend_port == port && same_addr(entry->backend_addr, addr))
+			return entry;
+		return NULL;
+	}
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk)
 		return NULL;
@@ -297,7 +329,7 @@ static __always_inline int balance4(struct bpf_sock_addr *ctx, struct svc_key *f
 		return 0;
 	ctx->user_ip4 = ((__u32 *)backend.addr)[3];
 	ctx->user_port = backend.port;
-	remember(ctx, &backend, &key);
+	remember_any(ctx, &backend, &key);
 	if (connecting)
 		remember_udp_socket(ctx, &backend, &key);
 	return 1;
@@ -322,7 +354,7 @@ static __always_inline int balance6(struct bpf_sock_addr *ctx, struct svc_key *f
 	ctx->user_ip6[2] = words[2];
 	ctx->user_ip6[3] = words[3];
 	ctx->user_port = backend.port;
-	remember(ctx, &backend, &key);
+	remember_any(ctx, &backend, &key);
 	if (connecting)
 		remember_udp_socket(ctx, &backend, &key);
 	return 1;
@@ -426,5 +458,17 @@ SEC("cgroup/getpeername6")
 int svcplane_getpeername6(struct bpf_sock_addr *ctx)
 {
 	reverse6(ctx);
+	return 1;
+}
+
+/* A TCP socket's translation goes with it. Runs for every socket of the cgroup tree that
+ * is released; a socket never balanced finds nothing to delete. */
+SEC("cgroup/sock_release")
+int svcplane_sock_release(struct bpf_sock *sk)
+{
+	if (sk->protocol == PROTO_TCP_NUMBER) {
+		__u64 cookie = bpf_get_socket_cookie(sk);
+		bpf_map_delete_elem(&svcplane_tcp_rev, &cookie);
+	}
 	return 1;
 }

@@ -16,7 +16,9 @@ use std::path::Path;
 
 use aya::{Ebpf, EbpfLoader};
 
-use crate::maps::{AFFINITY_MAP, BACKENDS_MAP, COUNTERS_MAP, CT_MAP, LIVE_MAP, SERVICES_MAP, UDP_FLOWS_MAP};
+use crate::maps::{
+    AFFINITY_MAP, BACKENDS_MAP, COUNTERS_MAP, CT_MAP, LIVE_MAP, SERVICES_MAP, TCP_REV_MAP, UDP_FLOWS_MAP,
+};
 use crate::{BpfError, MapSizes};
 
 /// Where aya looks for the kernel's BTF.
@@ -46,6 +48,7 @@ impl ObjectLoader {
             .map_max_entries(LIVE_MAP, sizes.backends)
             .map_max_entries(COUNTERS_MAP, sizes.backends)
             .map_max_entries(UDP_FLOWS_MAP, sizes.reverse)
+            .map_max_entries(TCP_REV_MAP, sizes.reverse)
             .map_max_entries(CT_MAP, sizes.reverse);
         Self { loader }
     }

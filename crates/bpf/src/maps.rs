@@ -22,12 +22,16 @@ pub const MAGLEV_MAP: &str = "svcplane_maglev";
 /// The maps of the socket programs (the tc program shares some of them).
 pub const SERVICES_MAP: &str = "svcplane_services";
 pub const BACKENDS_MAP: &str = "svcplane_backends";
-/// Socket-local storage (`BPF_MAP_TYPE_SK_STORAGE`): nothing preallocated, no size.
+/// UDP sockets' reverse translations, in socket-local storage (`BPF_MAP_TYPE_SK_STORAGE`):
+/// nothing preallocated, no size.
 pub const REV_SOCK_MAP: &str = "svcplane_sock_rev";
-/// Maps earlier versions pinned and this one no longer has, removed by [`crate::cleanup`]:
-/// the reverse translations as a preallocated LRU hash keyed by socket cookie.
+/// TCP sockets' reverse translations by socket cookie (a hash without preallocation,
+/// sized `reverse`), deleted as each socket is released.
+pub const TCP_REV_MAP: &str = "svcplane_tcp_rev";
 /// The node's own connected UDP sockets the balancer connected (LRU, 16384 entries).
 pub const UDP_SOCKETS_MAP: &str = "svcplane_udp_sockets";
+/// Maps earlier versions pinned and this one no longer has, removed by [`crate::cleanup`]:
+/// the reverse translations as a preallocated LRU hash keyed by socket cookie.
 pub const RETIRED_MAPS: [&str; 1] = ["svcplane_rev_sock"];
 pub const AFFINITY_MAP: &str = "svcplane_affinity";
 pub const CONFIG_MAP: &str = "svcplane_config";
@@ -36,10 +40,11 @@ pub const UDP_FLOWS_MAP: &str = "svcplane_udp_flows";
 pub const COUNTERS_MAP: &str = "svcplane_counters";
 pub const PORT_NAMES_MAP: &str = "svcplane_port_names";
 /// Every map of the socket-level balancer.
-pub const SOCK_LB_MAPS: [&str; 10] = [
+pub const SOCK_LB_MAPS: [&str; 11] = [
     SERVICES_MAP,
     BACKENDS_MAP,
     REV_SOCK_MAP,
+    TCP_REV_MAP,
     AFFINITY_MAP,
     CONFIG_MAP,
     LIVE_MAP,

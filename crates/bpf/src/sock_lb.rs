@@ -1,5 +1,5 @@
 //! The socket-level balancer: `bpf/sock_lb.c` loaded once per bpf root, its maps pinned
-//! there, its eight programs attached to one cgroup v2 directory through BPF links pinned
+//! there, its nine programs attached to one cgroup v2 directory through BPF links pinned
 //! there too, so they outlive the process. A later process with the same root adopts
 //! them: the maps are reused by their pins and programs already linked are not attached
 //! again.
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use aya::Ebpf;
 use aya::maps::{Array, HashMap, Map, MapData};
 use aya::programs::links::FdLink;
-use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya::programs::{CgroupAttachMode, Program};
 
 use crate::maps::typed;
 use crate::maps::{
@@ -19,8 +19,9 @@ use crate::maps::{
 };
 use crate::{BpfError, SOCK_LB_OBJECT, sys};
 
-/// The programs of `sock_lb.c`, by function name.
-pub const PROGRAMS: [&str; 8] = [
+/// The programs of `sock_lb.c`, by function name: eight cgroup sock_addr programs, then
+/// the cgroup sock program that forgets a released TCP socket's translation.
+pub const PROGRAMS: [&str; 9] = [
     "svcplane_connect4",
     "svcplane_sendmsg4",
     "svcplane_recvmsg4",
@@ -29,15 +30,16 @@ pub const PROGRAMS: [&str; 8] = [
     "svcplane_sendmsg6",
     "svcplane_recvmsg6",
     "svcplane_getpeername6",
+    "svcplane_sock_release",
 ];
 
 /// Where pinned links live under the bpf root.
 use crate::sys::LINKS_DIR;
 
 /// Map capacities (entries). `backends` also sizes the live-endpoint map; `reverse` sizes
-/// the connection-state maps: UDP flows here, the tc program's tracking map. (The socket
-/// reverse translations, once sized by it, live in each socket's own storage and have no
-/// size.)
+/// the connection-state maps: UDP flows and TCP sockets' reverse translations here, the tc
+/// program's tracking map. (UDP sockets' reverse translations live in each socket's own
+/// storage and have no size.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapSizes {
     pub services: u32,
@@ -70,8 +72,8 @@ pub struct SockLb {
     pub affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     /// The node's own connected UDP sockets the balancer connected, by cookie and endpoint:
     /// the Service address each asked for (the sockets to close when their endpoint goes).
-    /// The reverse translations of every socket live in each socket's own storage
-    /// (`svcplane_sock_rev`), which only the programs read.
+    /// The reverse translations of every socket live in `svcplane_tcp_rev` and in UDP
+    /// sockets' own storage (`svcplane_sock_rev`), which only the programs read.
     pub udp_sockets: HashMap<MapData, RevKey, RevValue>,
     /// Endpoints UDP flows may stay on (value unused, 1).
     pub live: HashMap<MapData, LiveKey, u32>,
@@ -254,7 +256,11 @@ impl StagedPrograms {
     pub fn swap(self) -> Result<usize, BpfError> {
         use std::os::fd::AsFd;
         for (program, pin) in &self.links {
-            let loaded = sock_addr(&self.ebpf, program)?;
+            let loaded = self.ebpf.program(program).ok_or(BpfError::Link {
+                program,
+                what: "missing from the object",
+                source: "no such program".into(),
+            })?;
             let fd = loaded.fd().map_err(|source| BpfError::Program {
                 program,
                 what: "not loaded",
@@ -274,32 +280,25 @@ pub struct BatchMaps {
     pub live: MapData,
 }
 
-fn sock_addr<'a>(ebpf: &'a Ebpf, program: &'static str) -> Result<&'a CgroupSockAddr, BpfError> {
-    let prog = ebpf.program(program).ok_or(BpfError::Link {
-        program,
-        what: "missing from the object",
-        source: "no such program".into(),
-    })?;
-    prog.try_into().map_err(|source| BpfError::Program {
-        program,
-        what: "not a cgroup sock_addr program",
-        source: Box::new(source),
-    })
-}
-
 /// Loads `program` (the verifier checks it).
-fn load<'a>(ebpf: &'a mut Ebpf, program: &'static str) -> Result<&'a mut CgroupSockAddr, BpfError> {
+fn load<'a>(ebpf: &'a mut Ebpf, program: &'static str) -> Result<&'a mut Program, BpfError> {
     let prog = ebpf.program_mut(program).ok_or(BpfError::Link {
         program,
         what: "missing from the object",
         source: "no such program".into(),
     })?;
-    let prog: &mut CgroupSockAddr = prog.try_into().map_err(|source| BpfError::Program {
-        program,
-        what: "not a cgroup sock_addr program",
-        source: Box::new(source),
-    })?;
-    prog.load().map_err(|source| BpfError::Program {
+    let loaded = match prog {
+        Program::CgroupSockAddr(prog) => prog.load(),
+        Program::CgroupSock(prog) => prog.load(),
+        _ => {
+            return Err(BpfError::Link {
+                program,
+                what: "not a cgroup sock_addr or sock program",
+                source: "unexpected program type".into(),
+            });
+        }
+    };
+    loaded.map_err(|source| BpfError::Program {
         program,
         what: "loading (the verifier said no?)",
         source: Box::new(source),
@@ -308,22 +307,20 @@ fn load<'a>(ebpf: &'a mut Ebpf, program: &'static str) -> Result<&'a mut CgroupS
 }
 
 fn attach(ebpf: &mut Ebpf, program: &'static str, cgroup: &File, pin: &Path) -> Result<(), BpfError> {
-    let prog = load(ebpf, program)?;
-    let id = prog.attach(cgroup, CgroupAttachMode::Single).map_err(|source| BpfError::Program {
-        program,
-        what: "attaching to the cgroup",
-        source: Box::new(source),
-    })?;
-    let link = prog.take_link(id).map_err(|source| BpfError::Program {
-        program,
-        what: "taking its link",
-        source: Box::new(source),
-    })?;
-    let link: FdLink = link.try_into().map_err(|source| BpfError::Link {
-        program,
-        what: "not a BPF link",
-        source: Box::new(source),
-    })?;
+    let attaching = |source| BpfError::Program { program, what: "attaching to the cgroup", source: Box::new(source) };
+    let taking = |source| BpfError::Program { program, what: "taking its link", source: Box::new(source) };
+    let link: FdLink = match load(ebpf, program)? {
+        Program::CgroupSockAddr(prog) => {
+            let id = prog.attach(cgroup, CgroupAttachMode::Single).map_err(attaching)?;
+            prog.take_link(id).map_err(taking)?.try_into()
+        }
+        Program::CgroupSock(prog) => {
+            let id = prog.attach(cgroup, CgroupAttachMode::Single).map_err(attaching)?;
+            prog.take_link(id).map_err(taking)?.try_into()
+        }
+        _ => unreachable!("load() accepts only these two kinds"),
+    }
+    .map_err(|source| BpfError::Link { program, what: "not a BPF link", source: Box::new(source) })?;
     link.pin(pin).map_err(|source| BpfError::Link { program, what: "pinning", source: Box::new(source) })?;
     Ok(())
 }

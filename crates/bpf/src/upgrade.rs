@@ -118,7 +118,7 @@ fn sized(name: &str, sizes: MapSizes) -> Option<u32> {
         SERVICES_MAP => Some(sizes.services),
         BACKENDS_MAP | LIVE_MAP | COUNTERS_MAP => Some(sizes.backends),
         AFFINITY_MAP => Some(sizes.affinity),
-        UDP_FLOWS_MAP | crate::maps::CT_MAP => Some(sizes.reverse),
+        UDP_FLOWS_MAP | crate::maps::CT_MAP | crate::maps::TCP_REV_MAP => Some(sizes.reverse),
         _ => None,
     }
 }

@@ -245,10 +245,74 @@ fn a_loader_made_without_the_kernel_btf_has_none_and_leaves_every_mount_the_proc
     if !is_root() {
         return;
     }
-    let mounts = || std::fs::read_to_string("/proc/self/mountinfo").expect("reading mountinfo");
+    // Other tests of this binary mount bpffs roots of their own meanwhile: those are left out.
+    let mounts = || {
+        let all = std::fs::read_to_string("/proc/self/mountinfo").expect("reading mountinfo");
+        all.lines().filter(|line| !line.contains(" - bpf ")).collect::<Vec<_>>().join("\n")
+    };
     let before = mounts();
     let loader = svcplane_bpf::loader::loader_without_kernel_btf().expect("a mount namespace of the thread's own");
     assert!(format!("{loader:?}").starts_with("EbpfLoader { btf: None"), "{loader:?}");
     assert_eq!(mounts(), before);
     assert!(Path::new("/sys/kernel/btf/vmlinux").exists(), "the process still sees the kernel's BTF");
+}
+
+/// How many TCP sockets' reverse translations `svcplane_tcp_rev` holds under `bpf_root`.
+fn tcp_translations(bpf_root: &Path) -> usize {
+    let data = aya::maps::MapData::from_pin(bpf_root.join(svcplane_bpf::maps::TCP_REV_MAP)).expect("its pin");
+    let map: aya::maps::HashMap<_, u64, [u8; 40]> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).expect("typing it");
+    map.keys().count()
+}
+
+#[test]
+fn a_balanced_tcp_socket_shows_the_service_as_its_peer_and_its_translation_goes_when_it_is_closed() {
+    if !is_root() {
+        return;
+    }
+    let sandbox = Sandbox::new("tcprev");
+    let backend = sandbox.listener();
+    let options = sandbox.options();
+    let mut lb = SockLb::open(&options, 0).expect("loading and attaching the balancer");
+    insert_service(&mut lb, "198.19.0.50:80", PROTO_TCP, 20, &[backend], 0);
+    // Three sockets stay open until the test says so: the map holds one translation each
+    // meanwhile, and none once they are closed.
+    let dir = sandbox.bpf_root.path();
+    let (opened, closing) = (dir.join("opened"), dir.join("closing"));
+    let script = dir.join("client.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import os, socket, time\n\
+             sockets = [socket.create_connection(('198.19.0.50', 80), timeout=2) for _ in range(3)]\n\
+             print(sorted('%s:%d' % s.getpeername() for s in sockets))\n\
+             open('{opened}', 'w').close()\n\
+             deadline = time.time() + 4\n\
+             while not os.path.exists('{closing}') and time.time() < deadline:\n    time.sleep(0.01)\n\
+             for s in sockets:\n    s.close()\n",
+            opened = opened.display(),
+            closing = closing.display()
+        ),
+    )
+    .expect("writing the client");
+    let before = tcp_translations(&options.bpf_root);
+    let (held, after) = std::thread::scope(|scope| {
+        let client = scope.spawn(|| sandbox.shell(&format!("python3 {}", script.display())));
+        let deadline = Instant::now() + Duration::from_secs(4);
+        while !opened.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let held = tcp_translations(&options.bpf_root);
+        std::fs::write(&closing, "").expect("telling the client to close");
+        let (ok, out) = client.join().expect("the client thread");
+        assert!(ok, "the client failed: {out}");
+        assert_eq!(
+            out.trim(),
+            "['198.19.0.50:80', '198.19.0.50:80', '198.19.0.50:80']",
+            "getpeername shows the Service"
+        );
+        (held, tcp_translations(&options.bpf_root))
+    });
+    assert_eq!((before, held, after), (0, 3, 0), "translations before, while open, after close");
+    drop(lb);
 }
