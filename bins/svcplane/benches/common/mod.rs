@@ -177,7 +177,8 @@ pub fn serve(lab: &Lab, pod: &str, stop: Arc<AtomicBool>) -> anyhow::Result<(Soc
     })??;
     let address = SocketAddr::new(IpAddr::V4(lab.pod(pod).ip_v4()), TARGET_PORT);
     let handle = std::thread::spawn(move || {
-        // Off the CPU the timed connects run on (see `connects_interleaved`).
+        // Off the CPU the timed connects and streams run on (`on_last_cpu`); the reading
+        // threads it starts inherit this CPU.
         let _ = pin_to_cpu(0);
         let deadline = Instant::now() + Duration::from_secs(600);
         while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
@@ -242,18 +243,22 @@ pub fn connects_interleaved(
     count: usize,
     first_ports: [u16; 2],
 ) -> anyhow::Result<[Vec<Duration>; 2]> {
-    lab.run_in(pod, || -> anyhow::Result<[Vec<Duration>; 2]> {
-        // On the last CPU, where the server's accept loop (pinned to the first) does not
-        // preempt it; the affinity the thread had is given back after.
-        let had = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
-        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-        if cpus > 1 {
-            pin_to_cpu(cpus - 1)?;
-        }
-        let timed = connect_pairs(targets, count, first_ports);
-        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &had)?;
-        timed
-    })?
+    // On the last CPU, where the server's accept loop (pinned to the first) does not
+    // preempt it.
+    lab.run_in(pod, || on_last_cpu(|| connect_pairs(targets, count, first_ports)))?
+}
+
+/// Runs `work` with the calling thread pinned to the last CPU (where the server's threads,
+/// pinned to the first, do not run), and gives the thread its affinity back after.
+pub fn on_last_cpu<T>(work: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    let had = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    if cpus > 1 {
+        pin_to_cpu(cpus - 1)?;
+    }
+    let result = work();
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &had)?;
+    result
 }
 
 /// Pins the calling thread to `cpu`.
