@@ -12,11 +12,12 @@
 //! and allocations) with the changes still held and after they are dropped, and the peak
 //! VmHWM.
 //!
-//! Like the proxy, it runs with at most two malloc arenas and asks the allocator to give
-//! its free pages back after the read (`malloc_trim`, as the proxy does after its first
-//! full sync), and prints VmRSS then: what the process keeps beyond the live heap is the
-//! pages that live allocations pin among freed ones. With `MALLOC_STATS=1` in the
-//! environment it also prints glibc's per-arena figures at the end (on stderr).
+//! Like the proxy, it runs with at most two malloc arenas (unless `MALLOC_ARENA_MAX` is
+//! set) and asks the allocator to give its free pages back after the read (`malloc_trim`,
+//! as the proxy does after its first full sync), and prints VmRSS then: what the process
+//! keeps beyond the live heap is the pages that live allocations pin among freed ones.
+//! With `MALLOC_STATS=1` in the environment it also prints glibc's per-arena figures at
+//! the end (on stderr).
 #![allow(unsafe_code)]
 
 #[path = "../../core/examples/support/counting_alloc.rs"]
@@ -48,8 +49,12 @@ mod glibc {
     /// glibc's `M_ARENA_MAX`.
     const M_ARENA_MAX: i32 = -8;
 
-    /// At most two arenas, as the proxy sets them (`bins/svcplane/src/memory.rs`).
+    /// At most two arenas, as the proxy sets them (`bins/svcplane/src/memory.rs`), unless
+    /// `MALLOC_ARENA_MAX` says otherwise (the proxy defers to it too, and glibc reads it).
     pub fn limit_arenas() {
+        if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+            return;
+        }
         // SAFETY: mallopt only changes the allocator's parameters.
         unsafe {
             mallopt(M_ARENA_MAX, 2);
