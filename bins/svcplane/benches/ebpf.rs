@@ -152,7 +152,9 @@ fn sizes_for(services: usize, endpoints: usize) -> MapSizes {
     let defaults = MapSizes::default();
     let needed = |n: usize| u32::try_from(n + n / 4).unwrap_or(u32::MAX);
     MapSizes {
-        services: defaults.services.max(needed(services * 2)),
+        // Three entries a synthetic Service: its ClusterIP for each scope (the node, its
+        // pods, and traffic from outside for the tc program).
+        services: defaults.services.max(needed(services * 3)),
         backends: defaults.backends.max(needed(services * endpoints)),
         ..defaults
     }

@@ -16,9 +16,6 @@ use std::path::Path;
 
 use aya::{Ebpf, EbpfLoader};
 
-use crate::maps::{
-    AFFINITY_MAP, BACKENDS_MAP, COUNTERS_MAP, CT_MAP, LIVE_MAP, SERVICES_MAP, TCP_REV_MAP, UDP_FLOWS_MAP,
-};
 use crate::{BpfError, MapSizes};
 
 /// Where aya looks for the kernel's BTF.
@@ -39,17 +36,12 @@ impl std::fmt::Debug for ObjectLoader {
 impl ObjectLoader {
     pub fn new(bpf_root: &Path, sizes: MapSizes) -> Self {
         let mut loader = loader_without_kernel_btf().unwrap_or_else(|_| EbpfLoader::new());
-        loader
-            .default_map_pin_directory(bpf_root)
-            .map_max_entries(SERVICES_MAP, sizes.services)
-            .map_max_entries(BACKENDS_MAP, sizes.backends)
-            .map_max_entries(AFFINITY_MAP, sizes.affinity)
-            // Serving endpoints per service port are about as many as backend slots.
-            .map_max_entries(LIVE_MAP, sizes.backends)
-            .map_max_entries(COUNTERS_MAP, sizes.backends)
-            .map_max_entries(UDP_FLOWS_MAP, sizes.reverse)
-            .map_max_entries(TCP_REV_MAP, sizes.reverse)
-            .map_max_entries(CT_MAP, sizes.reverse);
+        loader.default_map_pin_directory(bpf_root);
+        for map in crate::upgrade::SIZED_MAPS {
+            if let Some(entries) = crate::upgrade::sized(map, sizes) {
+                loader.map_max_entries(map, entries);
+            }
+        }
         Self { loader }
     }
 

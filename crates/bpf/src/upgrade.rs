@@ -110,15 +110,40 @@ impl Layout {
     }
 }
 
-/// The capacity this crate gives map `name` for `sizes` (what the loaders pass as
-/// `map_max_entries`), if it sets one.
-fn sized(name: &str, sizes: MapSizes) -> Option<u32> {
-    use crate::maps::{AFFINITY_MAP, BACKENDS_MAP, COUNTERS_MAP, LIVE_MAP, SERVICES_MAP, UDP_FLOWS_MAP};
+/// Every map whose capacity follows [`MapSizes`]: the loader sets each to [`sized`].
+pub(crate) const SIZED_MAPS: [&str; 9] = {
+    use crate::maps::{
+        AFFINITY_MAP, BACKENDS_MAP, COUNTERS_MAP, CT_MAP, LIVE_MAP, PORT_NAMES_MAP, SERVICES_MAP, TCP_REV_MAP,
+        UDP_FLOWS_MAP,
+    };
+    [
+        SERVICES_MAP,
+        BACKENDS_MAP,
+        LIVE_MAP,
+        COUNTERS_MAP,
+        PORT_NAMES_MAP,
+        AFFINITY_MAP,
+        UDP_FLOWS_MAP,
+        CT_MAP,
+        TCP_REV_MAP,
+    ]
+};
+
+/// The capacity this crate gives map `name` for `sizes` (what the loader passes as
+/// `map_max_entries`), if it sets one. The sync counts entries against the same figures.
+pub fn sized(name: &str, sizes: MapSizes) -> Option<u32> {
+    use crate::maps::{
+        AFFINITY_MAP, BACKENDS_MAP, COUNTERS_MAP, CT_MAP, LIVE_MAP, PORT_NAMES_MAP, SERVICES_MAP, TCP_REV_MAP,
+        UDP_FLOWS_MAP,
+    };
     match name {
-        SERVICES_MAP => Some(sizes.services),
+        // A service port has a frontend in every scope, so there are fewer ports than
+        // frontends.
+        SERVICES_MAP | PORT_NAMES_MAP => Some(sizes.services),
+        // Serving endpoints per service port are about as many as backend slots.
         BACKENDS_MAP | LIVE_MAP | COUNTERS_MAP => Some(sizes.backends),
         AFFINITY_MAP => Some(sizes.affinity),
-        UDP_FLOWS_MAP | crate::maps::CT_MAP | crate::maps::TCP_REV_MAP => Some(sizes.reverse),
+        UDP_FLOWS_MAP | CT_MAP | TCP_REV_MAP => Some(sizes.reverse),
         _ => None,
     }
 }
@@ -252,6 +277,11 @@ mod tests {
         assert_eq!(find(&sock, crate::maps::SERVICES_MAP).max_entries, 1000);
         assert_eq!(find(&sock, crate::maps::UDP_FLOWS_MAP).max_entries, 4000);
         assert_eq!(find(&tc, crate::maps::CT_MAP).max_entries, 4000);
+        assert_eq!(find(&sock, crate::maps::PORT_NAMES_MAP).max_entries, 1000, "one name per service port");
+        assert_eq!(find(&sock, crate::maps::TCP_REV_MAP).max_entries, 4000);
+        for map in SIZED_MAPS {
+            assert!(sized(map, sizes).is_some(), "{map} has a capacity");
+        }
         assert_eq!(find(&tc, crate::maps::SERVICES_MAP), find(&sock, crate::maps::SERVICES_MAP), "one layout, shared");
         for map in crate::maps::SOCK_LB_MAPS {
             assert!(sock.iter().any(|(name, _)| name == map), "{map} is pinned by name");

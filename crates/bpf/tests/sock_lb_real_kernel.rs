@@ -274,6 +274,11 @@ fn a_balanced_tcp_socket_shows_the_service_as_its_peer_and_its_translation_goes_
     let backend = sandbox.listener();
     let options = sandbox.options();
     let mut lb = SockLb::open(&options, 0).expect("loading and attaching the balancer");
+    // The capacities the sync counts entries against are the kernel's.
+    let capacity =
+        |map: &str| aya::maps::MapInfo::from_pin(options.bpf_root.join(map)).expect("the map's info").max_entries();
+    assert_eq!(capacity(svcplane_bpf::maps::TCP_REV_MAP), options.sizes.reverse);
+    assert_eq!(capacity(svcplane_bpf::maps::PORT_NAMES_MAP), options.sizes.services, "one name per service port");
     insert_service(&mut lb, "198.19.0.50:80", PROTO_TCP, 20, &[backend], 0);
     // Three sockets stay open until the test says so: the map holds one translation each
     // meanwhile, and none once they are closed.
