@@ -285,7 +285,7 @@ impl Side {
         const NUDGE_AFTER: Duration = Duration::from_secs(10);
         let took_zone = |log: &std::path::PathBuf| {
             let lines = std::fs::read_to_string(log).unwrap_or_default();
-            let last = lines.lines().filter(|line| line.contains("Updated proxier node topology labels")).last();
+            let last = lines.lines().rfind(|line| line.contains("Updated proxier node topology labels"));
             last.is_some_and(|line| line.contains("topology.kubernetes.io/zone") && !line.contains(NUDGED_SUFFIX))
         };
         if eventually(NUDGE_AFTER, || self.logs.iter().all(took_zone).then_some(())).is_none() {
