@@ -693,16 +693,22 @@ impl EbpfBackend {
         Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations })
     }
 
+    /// The capacity the loader gave `map`: one function decides it, for the loader, the
+    /// upgrade check and these counts alike.
+    fn capacity(&self, map: &'static str) -> u32 {
+        svcplane_bpf::upgrade::sized(map, self.options.sizes).unwrap_or_else(|| panic!("{map} is a sized map"))
+    }
+
     /// Fails, before anything is written, if `wanted` does not fit the maps.
     fn check_room(&self, wanted: MapUsage) -> Result<(), BpfError> {
         use svcplane_bpf::maps::{BACKENDS_MAP, LIVE_MAP, PORT_NAMES_MAP, SERVICES_MAP};
-        let sizes = self.options.sizes;
-        for (map, entries, capacity) in [
-            (SERVICES_MAP, wanted.services, sizes.services),
-            (BACKENDS_MAP, wanted.backends, sizes.backends),
-            (LIVE_MAP, wanted.live, sizes.backends),
-            (PORT_NAMES_MAP, wanted.names, sizes.services),
+        for (map, entries) in [
+            (SERVICES_MAP, wanted.services),
+            (BACKENDS_MAP, wanted.backends),
+            (LIVE_MAP, wanted.live),
+            (PORT_NAMES_MAP, wanted.names),
         ] {
+            let capacity = self.capacity(map);
             if entries > capacity as usize {
                 return Err(BpfError::MapFull { map, capacity });
             }
@@ -1279,19 +1285,18 @@ impl Dataplane for EbpfBackend {
 
     fn table_usage(&self) -> Vec<TableUsage> {
         use svcplane_bpf::maps::{BACKENDS_MAP, LIVE_MAP, PORT_NAMES_MAP, SERVICES_MAP};
-        let sizes = self.options.sizes;
         [
-            (SERVICES_MAP, self.usage.services, sizes.services),
+            (SERVICES_MAP, self.usage.services),
             // Slots of the record's sets and of ranges held before reuse.
-            (BACKENDS_MAP, self.slots.in_use() as usize, sizes.backends),
-            (LIVE_MAP, self.usage.live, sizes.backends),
-            (PORT_NAMES_MAP, self.usage.names, sizes.services),
+            (BACKENDS_MAP, self.slots.in_use() as usize),
+            (LIVE_MAP, self.usage.live),
+            (PORT_NAMES_MAP, self.usage.names),
         ]
         .into_iter()
-        .map(|(table, entries, capacity)| TableUsage {
+        .map(|(table, entries)| TableUsage {
             table,
             entries,
-            capacity: capacity as usize,
+            capacity: self.capacity(table) as usize,
             full: self.full_map == Some(table),
         })
         .collect()
