@@ -24,7 +24,9 @@ pub struct InProcess {
     pub relay: Option<svcplane_backend_userspace::RelayView>,
 }
 
-/// The dataplane `--mode` names, ready to sync (nothing touches the kernel until then).
+/// The dataplane `--mode` names, ready to sync. Nothing is written to the kernel until then;
+/// eBPF mode starts opening its objects and loading its programs at once, so that work
+/// overlaps the source's first list (`EbpfBackend::open_ahead`).
 pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<(Box<dyn Dataplane>, InProcess)> {
     if args.mode == Mode::Userspace {
         let backend = UserspaceBackend::new(
@@ -55,7 +57,14 @@ pub fn dataplane(args: &ProxyArgs) -> anyhow::Result<(Box<dyn Dataplane>, InProc
                 None => cli,
             }))
         }
-        Mode::Ebpf => Box::new(EbpfBackend::new(ebpf_options(&args.ebpf))),
+        Mode::Ebpf => {
+            let mut backend = EbpfBackend::new(ebpf_options(&args.ebpf));
+            if let Err(error) = backend.open_ahead() {
+                // The first sync meets it again and reports it through the sync loop.
+                tracing::debug!(%error, "opening the eBPF objects ahead of the first plan");
+            }
+            Box::new(backend)
+        }
         Mode::Ipvs => {
             Box::new(IpvsBackend::new(ipvs_config(args), IptablesCli::new(iptables_variant(args.iptables_backend))))
         }

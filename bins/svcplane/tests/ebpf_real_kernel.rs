@@ -601,6 +601,55 @@ mod cold_start {
             );
         }
     }
+
+    #[test]
+    fn objects_opened_ahead_of_the_first_plan_are_pinned_empty_and_the_first_sync_fills_them_as_a_cold_start_does() {
+        if !svcplane_testbed::can_run_real_kernel_tests("ebpf objects opened ahead") {
+            return;
+        }
+        let mut state = cluster();
+        let plan = NodePlan::build(&state, node_config());
+        state.take_changes();
+
+        let ahead = Sandbox::new("ahead");
+        let mut backend = ahead.backend(false);
+        svcplane_testbed::run_in_namespace(&ahead.netns, || backend.open_ahead())
+            .expect("entering the namespace")
+            .expect("opening ahead");
+        // The threads create and pin the maps and attach the socket programs before any plan.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let missing = svcplane_bpf::sock_lb::missing_pins(&ahead.bpf_root);
+            if missing.is_empty() {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "never pinned: {missing:?}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let (services, backends) = ahead.maps();
+        assert!(services.is_empty(), "no frontend is written before the first plan: {services:?}");
+        assert_eq!(written(&backends), 0, "no endpoint slot is written before the first plan");
+
+        assert!(ahead.sync(&mut backend, &plan, &PlanDiff::default()).full, "the first sync is a full one");
+        let phases: Vec<&str> = backend.last_sync_phases().iter().map(|(name, _)| *name).collect();
+        assert!(
+            phases.contains(&"loading the tc program (own thread)"),
+            "the first sync took over the threads opened ahead: {phases:?}"
+        );
+        let cold = Sandbox::new("not-ahead");
+        let mut reference = cold.backend(false);
+        assert!(cold.sync(&mut reference, &plan, &PlanDiff::default()).full);
+        assert_eq!(ahead.maps(), cold.maps(), "the same entries as a cold start that opened in its sync");
+
+        // A backend removed while its objects are still being opened leaves nothing behind.
+        let removed = Sandbox::new("removed");
+        let mut early = removed.backend(false);
+        svcplane_testbed::run_in_namespace(&removed.netns, || early.open_ahead())
+            .expect("entering the namespace")
+            .expect("opening ahead");
+        assert!(early.cleanup().expect("the cleanup"), "the objects opened ahead were there to remove");
+        assert!(!removed.bpf_root.exists(), "nothing is left under the bpf root");
+    }
 }
 
 /// A restart whose programs differ from the ones pinned links run moves every link onto the

@@ -205,6 +205,48 @@ pub struct EbpfBackend {
     /// ([`EbpfBackend::finish_opening`]): the socket programs replacing an earlier build's
     /// links, if any.
     opening: Option<Option<svcplane_bpf::StagedPrograms>>,
+    /// The objects being opened and the programs loaded ahead of the first plan
+    /// ([`EbpfBackend::open_ahead`]), taken by the first sync.
+    ahead: Option<Opening>,
+}
+
+type Timings = Vec<(&'static str, Duration)>;
+
+/// The two threads of a cold start that open the objects and load the programs, and what
+/// they hand over: the socket maps, then the tc maps, as soon as each exists.
+struct Opening {
+    lb: std::sync::mpsc::Receiver<Result<SockLb, BpfError>>,
+    tc: std::sync::mpsc::Receiver<Result<TcNat, BpfError>>,
+    sock_thread: std::thread::JoinHandle<(Result<Option<svcplane_bpf::StagedPrograms>, BpfError>, Timings)>,
+    tc_thread: std::thread::JoinHandle<(Result<Option<svcplane_bpf::tc::TcProgram>, BpfError>, Timings)>,
+}
+
+impl Opening {
+    /// Waits for both threads, dropping what they opened (what they pinned stays pinned).
+    fn wait(self) {
+        let Self { lb, tc, sock_thread, tc_thread } = self;
+        drop((lb, tc));
+        let _ = sock_thread.join();
+        let _ = tc_thread.join();
+    }
+}
+
+impl Drop for EbpfBackend {
+    /// A backend dropped while opening ahead waits for its threads, so nothing they pin
+    /// appears after it is gone (a test's or a benchmark's sandbox is removed next).
+    fn drop(&mut self) {
+        if let Some(opening) = self.ahead.take() {
+            opening.wait();
+        }
+    }
+}
+
+impl std::fmt::Debug for Opening {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opening")
+            .field("done", &(self.sock_thread.is_finished() && self.tc_thread.is_finished()))
+            .finish()
+    }
 }
 
 impl EbpfBackend {
@@ -227,6 +269,7 @@ impl EbpfBackend {
             phases: Vec::new(),
             cold_filled: None,
             opening: None,
+            ahead: None,
         }
     }
 
@@ -248,18 +291,22 @@ impl EbpfBackend {
         &self.options
     }
 
-    /// Opens the objects, loads and attaches the programs and syncs in full, on three
-    /// threads: one opens the socket object (its maps are created, or adopted by their
-    /// pins) and then loads and attaches its programs; one waits for those maps to be
-    /// pinned, opens the tc object (which shares them) and loads its program; this one
-    /// renders the plan meanwhile, fills the socket maps as soon as they exist and the tc
-    /// maps once those do. The programs need not be loaded for their maps to be filled, so
-    /// the verifier's work (most of a cold start) overlaps the rendering and the writes.
-    /// The tc program is attached to the node's interfaces from this thread (the node's
-    /// network namespace) once it is loaded. Lookups before the sync ends see what was
-    /// there (nothing on a fresh node, the old entries on a restart): the write order
-    /// holds either way.
-    fn open_and_full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, BpfError> {
+    /// Starts opening the objects and loading the programs now, on the threads the first
+    /// sync would start them on, so that their work (most of a cold start: creating the
+    /// maps, the verifier) overlaps whatever comes before the first plan, such as the
+    /// source's first list. The first sync takes them over. Nothing is written to the maps
+    /// and no pinned link moves before that sync; the socket programs of a fresh node are
+    /// attached with empty maps, where every connect passes unchanged, as with no proxy.
+    /// An error here is met again, and reported, by the first sync.
+    pub fn open_ahead(&mut self) -> Result<(), BpfError> {
+        if self.lb.is_none() && self.ahead.is_none() && !self.options.cold_start_on_one_thread {
+            self.ahead = Some(self.start_opening()?);
+        }
+        Ok(())
+    }
+
+    /// The two opening threads of [`EbpfBackend::open_and_full_sync`], started.
+    fn start_opening(&self) -> Result<Opening, BpfError> {
         let cgroup = match &self.options.cgroup {
             Some(path) => path.clone(),
             None => svcplane_bpf::sys::cgroup2_mount()?,
@@ -276,66 +323,82 @@ impl EbpfBackend {
         // opened its object with (one loader, one parse of the kernel's BTF).
         let (pinned_sender, pinned_receiver) = std::sync::mpsc::channel::<(bool, svcplane_bpf::ObjectLoader)>();
         let (tc_sender, tc_receiver) = std::sync::mpsc::channel();
-        type Timings = Vec<(&'static str, Duration)>;
-        let (synced, sock_thread, tc_thread) = std::thread::scope(|scope| {
-            type Staged = Option<svcplane_bpf::StagedPrograms>;
-            let sock = scope.spawn(move || -> (Result<Staged, BpfError>, Timings) {
-                let started = Instant::now();
-                let mut loader = svcplane_bpf::ObjectLoader::new(&options.bpf_root, options.sizes);
-                let opened = SockLb::open_maps_with(&mut loader, &options, cookie);
-                let mut timings = vec![("opening the socket object and its maps (own thread)", started.elapsed())];
-                let programs = match opened {
-                    Ok((lb, programs)) => {
-                        let _ = pinned_sender.send((lb.replacing, loader));
-                        let _ = lb_sender.send(Ok(lb));
-                        programs
-                    }
-                    Err(error) => {
-                        let _ = lb_sender.send(Err(error));
-                        return (Ok(None), timings);
-                    }
-                };
-                let started = Instant::now();
-                // Links an earlier build pinned move onto the new programs only once the
-                // maps are filled (`finish_opening`).
-                let attached = programs.attach_staging_replacements().map(|(_, staged)| staged);
-                timings.push(("loading and attaching the socket programs (own thread)", started.elapsed()));
-                (attached, timings)
-            });
-            let tc = scope.spawn(move || -> (Result<Option<svcplane_bpf::tc::TcProgram>, BpfError>, Timings) {
-                let started = Instant::now();
-                // Made while the socket object opens: on a fresh root, the flow table is the
-                // largest map the tc object creates. A failure here is met again, and
-                // reported, when the tc object creates it.
-                let _ = TcNat::create_flow_table_ahead(&bpf_root, sizes);
-                let mut timings = vec![("creating the flow table ahead (own thread)", started.elapsed())];
-                // The tc object shares the socket object's maps through their pins.
-                let Ok((replacing, mut loader)) = pinned_receiver.recv() else {
+        // Threads inherit the network namespace of the thread that starts them: the node's.
+        let sock_thread = std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut loader = svcplane_bpf::ObjectLoader::new(&options.bpf_root, options.sizes);
+            let opened = SockLb::open_maps_with(&mut loader, &options, cookie);
+            let mut timings: Timings = vec![("opening the socket object and its maps (own thread)", started.elapsed())];
+            let programs = match opened {
+                Ok((lb, programs)) => {
+                    let _ = pinned_sender.send((lb.replacing, loader));
+                    let _ = lb_sender.send(Ok(lb));
+                    programs
+                }
+                Err(error) => {
+                    let _ = lb_sender.send(Err(error));
                     return (Ok(None), timings);
-                };
-                let started = Instant::now();
-                let opened = TcNat::open_maps_with(&mut loader, &bpf_root, sizes, maglev_size, replacing);
-                timings.push(("opening the tc object and its maps (own thread)", started.elapsed()));
-                let program = match opened {
-                    Ok((tc, program)) => {
-                        let _ = tc_sender.send(Ok(tc));
-                        program
-                    }
-                    Err(error) => {
-                        let _ = tc_sender.send(Err(error));
-                        return (Ok(None), timings);
-                    }
-                };
-                let started = Instant::now();
-                let loaded = program.load().map(Some);
-                timings.push(("loading the tc program (own thread)", started.elapsed()));
-                (loaded, timings)
-            });
-            // Every map received is kept in `self` until both threads are joined: the
-            // programs being loaded refer to them by file descriptor.
-            let synced = self.cold_sync(plan, &lb_receiver, &tc_receiver);
-            (synced, sock.join(), tc.join())
+                }
+            };
+            let started = Instant::now();
+            // Links an earlier build pinned move onto the new programs only once the
+            // maps are filled (`finish_opening`).
+            let attached = programs.attach_staging_replacements().map(|(_, staged)| staged);
+            timings.push(("loading and attaching the socket programs (own thread)", started.elapsed()));
+            (attached, timings)
         });
+        let tc_thread = std::thread::spawn(move || {
+            let started = Instant::now();
+            // Made while the socket object opens: on a fresh root, the flow table is the
+            // largest map the tc object creates. A failure here is met again, and
+            // reported, when the tc object creates it.
+            let _ = TcNat::create_flow_table_ahead(&bpf_root, sizes);
+            let mut timings: Timings = vec![("creating the flow table ahead (own thread)", started.elapsed())];
+            // The tc object shares the socket object's maps through their pins.
+            let Ok((replacing, mut loader)) = pinned_receiver.recv() else {
+                return (Ok(None), timings);
+            };
+            let started = Instant::now();
+            let opened = TcNat::open_maps_with(&mut loader, &bpf_root, sizes, maglev_size, replacing);
+            timings.push(("opening the tc object and its maps (own thread)", started.elapsed()));
+            let program = match opened {
+                Ok((tc, program)) => {
+                    let _ = tc_sender.send(Ok(tc));
+                    program
+                }
+                Err(error) => {
+                    let _ = tc_sender.send(Err(error));
+                    return (Ok(None), timings);
+                }
+            };
+            let started = Instant::now();
+            let loaded = program.load().map(Some);
+            timings.push(("loading the tc program (own thread)", started.elapsed()));
+            (loaded, timings)
+        });
+        Ok(Opening { lb: lb_receiver, tc: tc_receiver, sock_thread, tc_thread })
+    }
+
+    /// Opens the objects, loads and attaches the programs and syncs in full, on three
+    /// threads: one opens the socket object (its maps are created, or adopted by their
+    /// pins) and then loads and attaches its programs; one waits for those maps to be
+    /// pinned, opens the tc object (which shares them) and loads its program; this one
+    /// renders the plan meanwhile, fills the socket maps as soon as they exist and the tc
+    /// maps once those do. The programs need not be loaded for their maps to be filled, so
+    /// the verifier's work (most of a cold start) overlaps the rendering and the writes.
+    /// The tc program is attached to the node's interfaces from this thread (the node's
+    /// network namespace) once it is loaded. Lookups before the sync ends see what was
+    /// there (nothing on a fresh node, the old entries on a restart): the write order
+    /// holds either way.
+    fn open_and_full_sync(&mut self, plan: &NodePlan) -> Result<SyncReport, BpfError> {
+        let opening = match self.ahead.take() {
+            Some(opening) => opening,
+            None => self.start_opening()?,
+        };
+        // Every map received is kept in `self` until both threads are joined: the programs
+        // being loaded refer to them by file descriptor.
+        let synced = self.cold_sync(plan, &opening.lb, &opening.tc);
+        let (sock_thread, tc_thread) = (opening.sock_thread.join(), opening.tc_thread.join());
         let at = Instant::now();
         let (sock_attached, sock_timings) = sock_thread.map_err(|_| panicked("opening the socket programs"))?;
         let (tc_loaded, tc_timings) = tc_thread.map_err(|_| panicked("opening the tc program"))?;
@@ -1379,6 +1442,10 @@ impl Dataplane for EbpfBackend {
     }
 
     fn cleanup(&mut self) -> Result<bool, DataplaneError> {
+        // Objects being opened ahead are opened (and pinned) first, then removed with the rest.
+        if let Some(opening) = self.ahead.take() {
+            opening.wait();
+        }
         self.lb = None;
         self.tc = None;
         self.record.clear();
