@@ -9,7 +9,10 @@
 //! a one-node lab with 30k other Services (`--others`), TCP connect latency p50/p99 and bulk
 //! throughput through the ClusterIP in eBPF mode and in nftables mode, each as a ratio to
 //! the same client reaching the same pod directly; `--same-path` times the direct path
-//! against itself, to show how far the ratios scatter with no difference at all. See
+//! against itself, to show how far the ratios scatter with no difference at all.
+//! `--cold-only --repeat 1` measures one cold start per process (a node's one start; run it
+//! N times), `--settle-ms` waits between cold starts in one process, `--open-ahead-ms`
+//! opens the objects that long before the plan arrives, as the proxy does. See
 //! `docs/benchmarks.md`.
 
 mod common;
@@ -48,6 +51,16 @@ struct Args {
     /// Time both connect and stream paths straight to the pod (the "ClusterIP" columns
     /// too): the ratios' own scatter, which a real difference must stand out of.
     same_path: bool,
+    /// Wait this long after removing one cold start's sandbox before the next: the kernel
+    /// frees a removed map's memory in deferred work, which otherwise overlaps the next start.
+    settle: Duration,
+    /// Only the cold starts (eBPF and the nftables baseline): no endpoint changes, no
+    /// connections. With `--repeat 1`, one process measures one cold start, as a node does.
+    cold_only: bool,
+    /// Open the objects ahead (`EbpfBackend::open_ahead`, as the proxy does when it
+    /// starts) this long before the first plan arrives: the time a source's first list
+    /// takes. The cold start is then timed from the plan.
+    open_ahead: Option<Duration>,
     markdown: Option<PathBuf>,
 }
 
@@ -62,6 +75,9 @@ fn parse_args() -> anyhow::Result<Args> {
         bulk_mib: 512,
         phases: false,
         same_path: false,
+        settle: Duration::ZERO,
+        cold_only: false,
+        open_ahead: None,
         markdown: None,
     };
     let mut it = std::env::args().skip(1);
@@ -78,9 +94,12 @@ fn parse_args() -> anyhow::Result<Args> {
             "--markdown" => args.markdown = Some(value()?.into()),
             "--phases" => args.phases = true,
             "--same-path" => args.same_path = true,
+            "--settle-ms" => args.settle = Duration::from_millis(value()?.parse()?),
+            "--cold-only" => args.cold_only = true,
+            "--open-ahead-ms" => args.open_ahead = Some(Duration::from_millis(value()?.parse()?)),
             "--bench" => {}
             other => bail!(
-                "unknown argument {other:?} (--sizes A,B --endpoints E --repeat N --changes N --connects N --others N --bulk-mib N --phases --same-path --markdown FILE)"
+                "unknown argument {other:?} (--sizes A,B --endpoints E --repeat N --changes N --connects N --others N --bulk-mib N --phases --same-path --settle-ms MS --cold-only --open-ahead-ms MS --markdown FILE)"
             ),
         }
     }
@@ -173,6 +192,21 @@ struct Cold {
 impl Cold {
     /// One cold full sync of `plan` by `backend` in `sandbox`.
     fn run(&mut self, sandbox: &Sandbox, backend: &mut EbpfBackend, plan: &NodePlan) -> anyhow::Result<()> {
+        self.run_after(sandbox, backend, plan, None)
+    }
+
+    /// The same, with the objects opened `ahead` of the plan when given.
+    fn run_after(
+        &mut self,
+        sandbox: &Sandbox,
+        backend: &mut EbpfBackend,
+        plan: &NodePlan,
+        ahead: Option<Duration>,
+    ) -> anyhow::Result<()> {
+        if let Some(ahead) = ahead {
+            sandbox.run(|| backend.open_ahead())?.map_err(|error| anyhow::anyhow!("opening ahead: {error}"))?;
+            std::thread::sleep(ahead);
+        }
         let (took, result) = sandbox.run(|| time(|| backend.sync(plan, &PlanDiff::default())))?;
         let report = result.map_err(|error| anyhow::anyhow!("eBPF full sync: {error}"))?;
         ensure!(report.full, "the first sync is a full one");
@@ -226,25 +260,33 @@ fn run_size(args: &Args, size: usize, out: &mut String) -> anyhow::Result<()> {
     let mut floor = Cold::default();
     let empty = NodePlan::build(&svcplane_core::ClusterState::new(), node_config(Vec::new()));
     let mut kept = None;
-    for _ in 0..args.repeat {
-        drop(kept.take());
+    for run in 0..args.repeat {
+        if kept.take().is_some() {
+            std::thread::sleep(args.settle);
+        }
         let sandbox = Sandbox::fresh()?;
         let mut backend = sandbox.ebpf(size, args.endpoints, false);
-        threaded.run(&sandbox, &mut backend, &plan)?;
+        threaded.run_after(&sandbox, &mut backend, &plan, args.open_ahead)?;
+        eprintln!("  eBPF cold start {}: {}", run + 1, show(*threaded.samples.last().expect("a sample")));
         kept = Some((backend, sandbox));
         if args.phases {
             // Each sandbox is removed before the next run.
             {
+                std::thread::sleep(args.settle);
                 let sandbox = Sandbox::fresh()?;
                 one_thread.run(&sandbox, &mut sandbox.ebpf(size, args.endpoints, true), &plan)?;
             }
+            std::thread::sleep(args.settle);
             let sandbox = Sandbox::fresh()?;
             floor.run(&sandbox, &mut sandbox.ebpf(size, args.endpoints, false), &empty)?;
         }
     }
     let ebpf_cold = median(threaded.samples.clone());
     table.row(&[
-        "**eBPF: program cold** (load + attach + fill maps)".into(),
+        match args.open_ahead {
+            None => "**eBPF: program cold** (load + attach + fill maps)".into(),
+            Some(ahead) => format!("**eBPF: program cold from the plan**, objects opened {} ahead", show(ahead)),
+        },
         show(ebpf_cold),
         show(threaded.min()),
         threaded.samples.len().to_string(),
@@ -290,6 +332,14 @@ fn run_size(args: &Args, size: usize, out: &mut String) -> anyhow::Result<()> {
         "NftablesBackend full sync, same plan".into(),
     ]);
     let (mut nft, _nft_netns) = kept_nft.expect("repeat > 0");
+    if args.cold_only {
+        writeln!(out, "{}\n", table.lines.join("\n"))?;
+        writeln!(out, "- eBPF cold / nftables cold: **{:.2}**\n", ebpf_cold.as_secs_f64() / nft_cold.as_secs_f64())?;
+        if args.phases {
+            write_phases(out, &threaded, &one_thread)?;
+        }
+        return Ok(());
+    }
 
     // One endpoint change: plan.update + partial sync, different Services each time.
     let mut ebpf_changes = Vec::new();
@@ -339,25 +389,30 @@ fn run_size(args: &Args, size: usize, out: &mut String) -> anyhow::Result<()> {
         ebpf_change.as_secs_f64() / nft_change.as_secs_f64()
     )?;
     if args.phases {
-        for (title, cold) in [("the cold sync", &threaded), ("the cold sync on one thread", &one_thread)] {
-            writeln!(
-                out,
-                "Where {title} goes (median, min and max of {} runs; phases marked \"own thread\" overlap the others):\n",
-                cold.samples.len()
-            )?;
-            let mut lines =
-                vec!["| phase | median | min | max |".to_owned(), "| --- | ---: | ---: | ---: |".to_owned()];
-            for (phase, samples) in &cold.phases {
-                let min = samples.iter().min().copied().unwrap_or_default();
-                let max = samples.iter().max().copied().unwrap_or_default();
-                lines.push(format!("| {phase} | {} | {} | {} |", show(median(samples.clone())), show(min), show(max)));
-            }
-            lines.push(format!("| **whole** | {} | {} | |", show(median(cold.samples.clone())), show(cold.min())));
-            for line in &lines {
-                eprintln!("{line}");
-            }
-            writeln!(out, "{}\n", lines.join("\n"))?;
+        write_phases(out, &threaded, &one_thread)?;
+    }
+    Ok(())
+}
+
+/// Where the cold syncs' time went, phase by phase.
+fn write_phases(out: &mut String, threaded: &Cold, one_thread: &Cold) -> anyhow::Result<()> {
+    for (title, cold) in [("the cold sync", threaded), ("the cold sync on one thread", one_thread)] {
+        writeln!(
+            out,
+            "Where {title} goes (median, min and max of {} runs; phases marked \"own thread\" overlap the others):\n",
+            cold.samples.len()
+        )?;
+        let mut lines = vec!["| phase | median | min | max |".to_owned(), "| --- | ---: | ---: | ---: |".to_owned()];
+        for (phase, samples) in &cold.phases {
+            let min = samples.iter().min().copied().unwrap_or_default();
+            let max = samples.iter().max().copied().unwrap_or_default();
+            lines.push(format!("| {phase} | {} | {} | {} |", show(median(samples.clone())), show(min), show(max)));
         }
+        lines.push(format!("| **whole** | {} | {} | |", show(median(cold.samples.clone())), show(cold.min())));
+        for line in &lines {
+            eprintln!("{line}");
+        }
+        writeln!(out, "{}\n", lines.join("\n"))?;
     }
     Ok(())
 }
@@ -545,7 +600,9 @@ fn main() -> anyhow::Result<()> {
     for &size in &args.sizes {
         run_size(&args, size, &mut out)?;
     }
-    run_connections(&args, &mut out)?;
+    if !args.cold_only {
+        run_connections(&args, &mut out)?;
+    }
     if let Some(path) = &args.markdown {
         std::fs::write(path, &out).with_context(|| format!("writing {}", path.display()))?;
     }
