@@ -61,8 +61,9 @@ pub(crate) struct DeltaState {
     /// Services refused by the allocator or the planner, with why.
     refused: BTreeMap<Key, Vec<ControllerError>>,
     load_balancer_problems: Vec<String>,
-    /// The core names of the slices generated for each Service.
-    generated: HashMap<Key, Vec<NamespacedName>>,
+    /// The core names of the slices generated for each Service (sized to them: a `Vec`
+    /// grown by pushes held room for four, 128 bytes a Service where one name takes 32).
+    generated: HashMap<Key, Box<[NamespacedName]>>,
     /// Whether the allocator has had its first, full pass.
     allocated_once: bool,
     /// Conversion problems, by the Service (with its generated slices) or hand-written slice.
@@ -400,7 +401,7 @@ impl DeltaState {
         }
         partial.deleted_slices.extend(old_slices.into_iter().filter(|old| !new_slices.contains(old)));
         if !new_slices.is_empty() {
-            self.generated.insert(reference.clone(), new_slices);
+            self.generated.insert(reference.clone(), new_slices.into_boxed_slice());
         }
         if !errors.is_empty() {
             self.convert_errors.insert(reference.clone(), errors);
