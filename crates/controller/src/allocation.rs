@@ -962,10 +962,11 @@ impl<'s> Demand<'s> {
     }
 
     fn allocation(&self) -> ServiceAllocation {
-        let mut allocation = ServiceAllocation {
-            cluster_ips: self.ips.iter().filter_map(|want| want.got).collect(),
-            ..ServiceAllocation::default()
-        };
+        let mut cluster_ips: Vec<IpAddr> = self.ips.iter().filter_map(|want| want.got).collect();
+        // Held for every Service until it goes (`Allocator::held`): sized to its one or two
+        // addresses, not the four a collected filter leaves room for (68 bytes a Service).
+        cluster_ips.shrink_to_fit();
+        let mut allocation = ServiceAllocation { cluster_ips, ..ServiceAllocation::default() };
         for want in &self.ports {
             let Some(port) = want.got else { continue };
             match &want.slot {
