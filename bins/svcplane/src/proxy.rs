@@ -84,6 +84,7 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
     let config = node_config(&effective, args)?;
     let (dataplane, in_process) = modes::dataplane(args)?;
     let counters = counter_reader(args, &in_process);
+    let relay = in_process.relay.clone();
     let mode_metrics = in_process.relay.map(|relay| Arc::new(move || relay.prometheus()) as svcplane_ops::ExtraMetrics);
     let ops =
         ops::start(&ops_settings(&effective, args), &effective.node_name, dataplane.mode(), counters, mode_metrics)?;
@@ -94,7 +95,11 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
         .with_hook(Box::new(ops.status))
         .with_hook(Box::new(crate::memory::ReturnFreedMemory));
     if modes::uses_kernel_conntrack(args.mode) {
-        sync = sync.with_hook(Box::new(StaleUdpCleanup::default()));
+        let mut cleanup = StaleUdpCleanup::default();
+        if let Some(relay) = relay {
+            cleanup = cleanup.keeping_replies_from(Box::new(move || relay.listener_addresses()));
+        }
+        sync = sync.with_hook(Box::new(cleanup));
     }
     let (sender, feed) = mpsc::channel();
     let feeding = feeds::spawn_changes(&args.source, &effective.node_name, sender, Arc::clone(&stop))?;

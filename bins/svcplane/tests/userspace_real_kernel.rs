@@ -335,3 +335,75 @@ fn a_client_that_ends_its_sending_still_gets_the_whole_answer_through_the_relay(
     assert_eq!(answer, format!("{SENT}\n"), "the answer sent after the client's EOF, then the endpoint's EOF");
     cluster.teardown();
 }
+
+/// The selector-less UDP `relayed-udp` Service and its EndpointSlice: the echo servers of `pods`.
+fn relayed_udp(pods: &[&str]) -> String {
+    let service = ServiceSpec {
+        name: "relayed-udp",
+        selector: &[],
+        protocols: &[Protocol::Udp],
+        target_port: ECHO_PORT,
+        ..ServiceSpec::cluster_ip("relayed-udp", Ipv4Addr::new(198, 19, 0, 84))
+    };
+    let mut text = format!(
+        "{}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: relayed-udp-v4\n  \
+         namespace: default\n  labels:\n    kubernetes.io/service-name: relayed-udp\naddressType: IPv4\nports:\n  \
+         - name: udp\n    protocol: UDP\n    port: {ECHO_PORT}\nendpoints:\n",
+        service.manifest()
+    );
+    for pod in pods {
+        let node = if pod.starts_with("node1") { "node1" } else { "node2" };
+        text.push_str(&format!(
+            "  - addresses: [\"{}\"]\n    conditions:\n      ready: true\n    nodeName: {node}\n",
+            pod_ip(pod, Family::V4)
+        ));
+    }
+    text
+}
+
+#[test]
+fn a_relayed_udp_flow_keeps_its_conntrack_entry_when_another_endpoint_of_its_service_goes() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "a_relayed_udp_flow_keeps_its_conntrack_entry_when_another_endpoint_of_its_service_goes",
+    ) {
+        return;
+    }
+    // The kernel DNATs a UDP flow to the relay's listener, and the relay's answers get the
+    // Service's address back from that conntrack entry. The stale-flow cleanup that follows
+    // an endpoint's removal must leave it alone: the relay ends the session itself if its
+    // endpoint went, and without the entry an answer already on its way reaches the client
+    // from the listener's address, which the client's connected socket drops.
+    const SOURCE_PORT: u16 = 20_411;
+    let cluster =
+        Cluster::builder(USERSPACE).manifest("relayed-udp.yaml", &relayed_udp(&["node1-pod1", "node2-pod2"])).start();
+    let lab = cluster.lab();
+    let client = lab.pod(POD_ON_THIS_NODE).namespace_name().to_owned();
+    let target = std::net::SocketAddr::new(Ipv4Addr::new(198, 19, 0, 84).into(), 80);
+    let source = Some(scenarios::net::unspecified(target, SOURCE_PORT));
+    let ask = || scenarios::net::request(lab, &client, Protocol::Udp, target, source, PROBE_TIMEOUT);
+    let first = eventually(Duration::from_secs(5), || ask().ok());
+    let Some((first, _)) = first else { panic!("the relayed UDP Service did not answer\n{}", cluster.diagnostics()) };
+    let entries = || {
+        let output = lab
+            .exec(lab.node(THIS_NODE).namespace_name(), &["conntrack", "-L", "-p", "udp", "--orig-port-src", "20411"])
+            .expect("conntrack -L in the node");
+        String::from_utf8_lossy(&output.stdout).lines().filter(|line| line.contains("dport=80")).count()
+    };
+    assert_eq!(entries(), 1, "the flow's entry, DNATed to the relay");
+
+    // The other endpoint goes: the Service lost one, so the cleanup runs for its address.
+    let other = if first.server_name == "node1-pod1" { "node2-pod2" } else { "node1-pod1" };
+    let kept: Vec<&str> = ["node1-pod1", "node2-pod2"].into_iter().filter(|pod| *pod != other).collect();
+    let syncs = || cluster.proxy_log(THIS_NODE).matches(" synced ").count();
+    let before = syncs();
+    cluster.write_file("relayed-udp.yaml", &relayed_udp(&kept));
+    let synced = eventually(Duration::from_secs(5), || (syncs() > before).then_some(()));
+    assert!(synced.is_some(), "the removal was synced\n{}", cluster.diagnostics());
+    // The cleanup runs on its own thread right after the sync: give it time to act.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(entries(), 1, "the relayed flow's entry survived the cleanup\n{}", cluster.proxy_log(THIS_NODE));
+    let again =
+        ask().unwrap_or_else(|error| panic!("the open flow after the change: {error:?}\n{}", cluster.diagnostics()));
+    assert_eq!(again.server_name, first.server_name, "the open flow stays with its serving endpoint");
+    cluster.teardown();
+}

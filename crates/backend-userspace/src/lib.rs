@@ -19,8 +19,8 @@ pub mod stats;
 mod tcp;
 mod udp;
 
-use std::collections::{BTreeMap, HashSet};
-use std::net::IpAddr;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,7 @@ type PoolEntry = (PlanKey, Arc<pool::Pool>);
 pub struct RelayView {
     stats: Arc<Stats>,
     pools: Arc<Mutex<Vec<PoolEntry>>>,
+    listeners: Arc<Mutex<BTreeSet<SocketAddr>>>,
 }
 
 impl RelayView {
@@ -80,6 +81,15 @@ impl RelayView {
             ));
         }
         text
+    }
+
+    /// Where the relay listens, as of the last sync: a UDP conntrack entry whose replies
+    /// come from one of these is a relayed flow. The relay ends such a session itself when
+    /// its endpoint stops serving, so the entry is never stale, and deleting it would make
+    /// a reply already on its way leave with the listener's address instead of the
+    /// Service's.
+    pub fn listener_addresses(&self) -> BTreeSet<SocketAddr> {
+        self.listeners.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// New connections per endpoint, as every mode reports them.
@@ -190,6 +200,7 @@ impl<N: Nftables> UserspaceBackend<N> {
         relay.retain(&keep);
         *self.view.pools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
             relay.pools().map(|(key, pool)| (key.clone(), pool.clone())).collect();
+        *self.view.listeners.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = relay.listener_addresses();
         self.synced = true;
         Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations })
     }

@@ -2,7 +2,7 @@
 //! service port and endpoint set (on the node's address, a port the kernel picks), and
 //! the pools they choose endpoints from.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -79,6 +79,12 @@ impl Relay {
     /// The port of every listener.
     pub fn ports(&self) -> BTreeMap<(PlanKey, EndpointSetKind), u16> {
         self.listeners.iter().map(|(key, listener)| (key.clone(), listener.port)).collect()
+    }
+
+    /// Where every listener is: the source of a relayed flow's replies, as the kernel's
+    /// conntrack sees them.
+    pub fn listener_addresses(&self) -> BTreeSet<SocketAddr> {
+        self.listeners.values().map(|listener| SocketAddr::new(listener.address, listener.port)).collect()
     }
 
     /// Brings a service port's pool up to date, creating it if new.

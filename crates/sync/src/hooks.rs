@@ -2,6 +2,7 @@
 //! changed, or hears that a sync failed.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 use svcplane_conntrack::{ConntrackCli, UdpFlowFilter};
@@ -72,9 +73,19 @@ impl AfterSync for HealthServers {
 /// conntrack table, and with a busy node's table (a hundred thousand entries) one endpoint
 /// leaving many Services cost seconds, during which the sync loop, had it waited, would
 /// have programmed nothing new. Filters queued while the thread is busy are merged.
-#[derive(Debug)]
 pub struct StaleUdpCleanup {
     filters: mpsc::Sender<Vec<UdpFlowFilter>>,
+    /// Reply sources that stand for a serving endpoint in the mode's kernel state.
+    also_keep: Option<ReplySources>,
+}
+
+/// Reads, after each sync, the reply sources a mode puts in front of its endpoints.
+pub type ReplySources = Box<dyn Fn() -> BTreeSet<SocketAddr> + Send>;
+
+impl std::fmt::Debug for StaleUdpCleanup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StaleUdpCleanup").field("also_keep", &self.also_keep.is_some()).finish_non_exhaustive()
+    }
 }
 
 impl Default for StaleUdpCleanup {
@@ -105,13 +116,26 @@ impl StaleUdpCleanup {
         if let Err(error) = std::thread::Builder::new().name("stale-udp-cleanup".to_owned()).spawn(worker) {
             warn!("starting the stale UDP flow cleanup thread: {error}");
         }
-        Self { filters }
+        Self { filters, also_keep: None }
     }
-}
 
-impl AfterSync for StaleUdpCleanup {
-    fn synced(&mut self, sync: &Synced<'_>) {
-        let filters: Vec<UdpFlowFilter> = stale_udp_flows(sync.plan, sync.diff)
+    /// Also keeps the flows whose replies come from one of `sources()`, read after each
+    /// sync: for a mode whose kernel NAT points flows at its own listeners rather than at
+    /// endpoints (userspace), where those flows end when their endpoint does, on their own.
+    #[must_use]
+    pub fn keeping_replies_from(mut self, sources: ReplySources) -> Self {
+        self.also_keep = Some(sources);
+        self
+    }
+
+    /// The conntrack filters for a sync's stale flows.
+    fn filters(&self, plan: &NodePlan, diff: &PlanDiff) -> Vec<UdpFlowFilter> {
+        let stale = stale_udp_flows(plan, diff);
+        if stale.is_empty() {
+            return Vec::new();
+        }
+        let also_keep = self.also_keep.as_ref().map(|sources| sources()).unwrap_or_default();
+        stale
             .into_iter()
             .map(|stale| UdpFlowFilter {
                 family: stale.family,
@@ -120,9 +144,15 @@ impl AfterSync for StaleUdpCleanup {
                     FlowDestination::NodePort => None,
                 },
                 port: stale.port,
-                keep_replies_from: stale.keep_replies_from,
+                keep_replies_from: stale.keep_replies_from.into_iter().chain(also_keep.iter().copied()).collect(),
             })
-            .collect();
+            .collect()
+    }
+}
+
+impl AfterSync for StaleUdpCleanup {
+    fn synced(&mut self, sync: &Synced<'_>) {
+        let filters = self.filters(sync.plan, sync.diff);
         if !filters.is_empty() {
             // Fails only once the thread is gone, and then there is nobody left to tell.
             let _ = self.filters.send(filters);

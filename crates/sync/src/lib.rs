@@ -16,5 +16,5 @@ pub mod hooks;
 mod run;
 
 pub use health::HealthServers;
-pub use hooks::{AfterSync, StaleUdpCleanup, Synced};
+pub use hooks::{AfterSync, ReplySources, StaleUdpCleanup, Synced};
 pub use run::{Backoff, LoopSettings, SyncLoop, Turn};
