@@ -194,6 +194,33 @@ pub fn render_port(plan: &NodePlan, port: &ServicePortPlan, node: &NodeAddresses
     entries
 }
 
+/// Below this many service ports a thread costs more than it saves.
+const PORTS_PER_RENDER_THREAD: usize = 2048;
+
+/// Every service port's entries, in the plan's order, rendered on as many threads as the
+/// machine has CPUs for a large plan. A node's first sync renders every port into fresh
+/// memory: most of its time is the allocator and first touches of pages, which threads
+/// (each with its own allocator arena) do side by side.
+pub fn render_ports(plan: &NodePlan, node: &NodeAddresses) -> Vec<PortEntries> {
+    let ports: Vec<&ServicePortPlan> = plan.service_ports.values().collect();
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let threads = cpus.min(ports.len() / PORTS_PER_RENDER_THREAD).max(1);
+    let render = |part: &[&ServicePortPlan]| part.iter().map(|port| render_port(plan, port, node)).collect::<Vec<_>>();
+    if threads == 1 {
+        return render(&ports);
+    }
+    let chunk = ports.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let others: Vec<_> = ports.chunks(chunk).skip(1).map(|part| scope.spawn(move || render(part))).collect();
+        let mut all = Vec::with_capacity(ports.len());
+        all.extend(render(&ports[..chunk]));
+        for other in others {
+            all.extend(other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+        }
+        all
+    })
+}
+
 /// Every service port's entries.
 pub fn render_all(plan: &NodePlan, node: &NodeAddresses) -> BTreeMap<PlanKey, PortEntries> {
     plan.service_ports.iter().map(|(key, port)| (key.clone(), render_port(plan, port, node))).collect()
@@ -320,6 +347,33 @@ mod tests {
 
     fn node() -> NodeAddresses {
         NodeAddresses { local: vec![ip("127.0.0.1"), ip(NODE_IP)] }
+    }
+
+    #[test]
+    fn a_large_plan_rendered_on_several_threads_gives_every_port_in_the_plans_order_as_one_thread_does() {
+        // Enough ports for two render threads (and a third part on a bigger machine).
+        let mut state = ClusterState::new();
+        for n in 0..(2 * PORTS_PER_RENDER_THREAD + 7) as u32 {
+            let name = NamespacedName::new("default", format!("web-{n}"));
+            let address = IpAddr::from(std::net::Ipv4Addr::from(0xc613_0000 + n));
+            let endpoint = IpAddr::from(std::net::Ipv4Addr::from(0xc612_8000 + n));
+            let port = ServicePort { name: "p".into(), protocol: Protocol::Tcp, port: 80, node_port: None };
+            state.apply(Change::ServiceUpserted(Service::cluster_ip(name.clone(), vec![address], vec![port])));
+            state.apply(Change::SliceUpserted(EndpointSlice {
+                last_change_trigger: None,
+                name: NamespacedName::new("default", format!("web-{n}-1")),
+                service: name,
+                family: IpFamily::V4,
+                ports: vec![EndpointPort { name: "p".into(), protocol: Protocol::Tcp, port: 8080 }],
+                endpoints: vec![Endpoint::ready(endpoint, Some("node2"))],
+            }));
+        }
+        let config = NodeConfig { node_name: "node1".into(), node_ips: vec![ip(NODE_IP)], ..NodeConfig::default() };
+        let plan = NodePlan::build(&state, config);
+        let one_thread: Vec<PortEntries> =
+            plan.service_ports.values().map(|p| render_port(&plan, p, &node())).collect();
+        assert_eq!(one_thread.len(), 2 * PORTS_PER_RENDER_THREAD + 7);
+        assert_eq!(render_ports(&plan, &node()), one_thread);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use svcplane_bpf::{
 };
 use svcplane_core::{Dataplane, DataplaneError, EndpointSetKind, NodePlan, PlanDiff, PlanKey, SyncReport, TableUsage};
 
-use crate::render::{Decision, NodeAddresses, PortEntries, render_port, render_text};
+use crate::render::{Decision, NodeAddresses, PortEntries, render_port, render_ports, render_text};
 use crate::slots::Ranges;
 
 /// How often drift checks may run.
@@ -86,11 +86,61 @@ pub const DEFAULT_BPF_ROOT: &str = "/sys/fs/bpf/svcplane";
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Written {
     entries: PortEntries,
-    set_ids: BTreeMap<EndpointSetKind, u32>,
+    set_ids: PerSet,
     /// Where each set's slots start in the backends array (as many as the set has).
-    firsts: BTreeMap<EndpointSetKind, u32>,
+    firsts: PerSet,
     /// The id of the service port in `svcplane_live` (from the same counter as set ids).
     port_id: u32,
+}
+
+/// A value per endpoint set, inline: a port balances over one or two sets, and a map per
+/// port was two allocations for every service port of a full sync (20k at 10k Services).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct PerSet([Option<u32>; 2]);
+
+impl PerSet {
+    const KINDS: [EndpointSetKind; 2] = [EndpointSetKind::Cluster, EndpointSetKind::Local];
+
+    fn slot(kind: EndpointSetKind) -> usize {
+        match kind {
+            EndpointSetKind::Cluster => 0,
+            EndpointSetKind::Local => 1,
+        }
+    }
+
+    fn insert(&mut self, kind: EndpointSetKind, value: u32) {
+        self.0[Self::slot(kind)] = Some(value);
+    }
+
+    fn get(&self, kind: &EndpointSetKind) -> Option<&u32> {
+        self.0[Self::slot(*kind)].as_ref()
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut u32> {
+        self.0.iter_mut().flatten()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (EndpointSetKind, u32)> + '_ {
+        Self::KINDS.into_iter().zip(self.0).filter_map(|(kind, value)| Some((kind, value?)))
+    }
+}
+
+impl std::ops::Index<&EndpointSetKind> for PerSet {
+    type Output = u32;
+
+    fn index(&self, kind: &EndpointSetKind) -> &u32 {
+        self.get(kind).unwrap_or_else(|| panic!("no value for the {kind:?} set"))
+    }
+}
+
+impl FromIterator<(EndpointSetKind, u32)> for PerSet {
+    fn from_iter<I: IntoIterator<Item = (EndpointSetKind, u32)>>(values: I) -> Self {
+        let mut set = Self::default();
+        for (kind, value) in values {
+            set.insert(kind, value);
+        }
+        set
+    }
 }
 
 impl Written {
@@ -546,7 +596,7 @@ impl EbpfBackend {
     /// Every service port of the plan rendered, in the plan's order (no map is read).
     fn render_plan(&mut self, plan: &NodePlan) -> Result<Vec<PortEntries>, BpfError> {
         self.node = NodeAddresses { local: local_addresses()? };
-        Ok(plan.service_ports.values().map(|port| render_port(plan, port, &self.node)).collect())
+        Ok(render_ports(plan, &self.node))
     }
 
     /// Ids (from the next unused one on), ranges of the backends array and the batches of
@@ -558,7 +608,7 @@ impl EbpfBackend {
         let mut record = Vec::with_capacity(rendered.len());
         let mut slots = Ranges::new(self.options.sizes.backends);
         for (key, entries) in plan.service_ports.keys().zip(rendered) {
-            let set_ids: BTreeMap<EndpointSetKind, u32> = entries
+            let set_ids: PerSet = entries
                 .sets
                 .keys()
                 .map(|kind| {
@@ -903,7 +953,7 @@ impl EbpfBackend {
     /// A changed port's ids (its old ones where it had them, fresh ones otherwise); its
     /// ranges are given by the caller.
     fn plan_written(&mut self, entries: PortEntries, old: Option<&Written>) -> Written {
-        let mut set_ids = BTreeMap::new();
+        let mut set_ids = PerSet::default();
         for kind in entries.sets.keys() {
             let id = match old.and_then(|o| o.set_ids.get(kind)) {
                 Some(id) => *id,
@@ -923,7 +973,7 @@ impl EbpfBackend {
             },
             |o| o.port_id,
         );
-        Written { entries, set_ids, firsts: BTreeMap::new(), port_id }
+        Written { entries, set_ids, firsts: PerSet::default(), port_id }
     }
 
     /// The node's own connected UDP sockets the balancer pointed, for a Service address,
@@ -1079,11 +1129,11 @@ fn same_slots(old: &Written, new: &Written, kind: EndpointSetKind) -> bool {
 }
 
 /// The range each set of `entries` gets in the backends array.
-fn take_ranges(slots: &mut Ranges, entries: &PortEntries) -> Result<BTreeMap<EndpointSetKind, u32>, BpfError> {
-    let mut firsts = BTreeMap::new();
+fn take_ranges(slots: &mut Ranges, entries: &PortEntries) -> Result<PerSet, BpfError> {
+    let mut firsts = PerSet::default();
     for (kind, endpoints) in &entries.sets {
         let Some(first) = slots.take(endpoints.len() as u32) else {
-            for (kind, first) in firsts {
+            for (kind, first) in firsts.iter() {
                 slots.give_back_unused(first, entries.sets[&kind].len() as u32);
             }
             return Err(BpfError::MapFull { map: svcplane_bpf::maps::BACKENDS_MAP, capacity: slots.capacity() });
