@@ -39,12 +39,19 @@ fn retry_slice(suffix: &str, port: u16, pods: &[&str]) -> String {
     slice_of("retry", suffix, port, pods)
 }
 
-/// An EndpointSlice (IPv4) of the selector-less `service`: every endpoint at `port`.
+/// An EndpointSlice (IPv4) of the selector-less `service`: every endpoint at TCP `port`.
 fn slice_of(service: &str, suffix: &str, port: u16, pods: &[&str]) -> String {
+    protocol_slice_of(service, suffix, "TCP", port, pods)
+}
+
+/// An EndpointSlice (IPv4) of the selector-less `service`: every endpoint at `port` of
+/// `protocol` (`TCP` or `UDP`; the port is named after it).
+fn protocol_slice_of(service: &str, suffix: &str, protocol: &str, port: u16, pods: &[&str]) -> String {
+    let port_name = protocol.to_lowercase();
     let mut text = format!(
         "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-{suffix}\n  \
          namespace: default\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: IPv4\nports:\n  \
-         - name: tcp\n    protocol: TCP\n    port: {port}\nendpoints:\n"
+         - name: {port_name}\n    protocol: {protocol}\n    port: {port}\nendpoints:\n"
     );
     for pod in pods {
         let node = if pod.starts_with("node1") { "node1" } else { "node2" };
@@ -345,20 +352,7 @@ fn relayed_udp(pods: &[&str]) -> String {
         target_port: ECHO_PORT,
         ..ServiceSpec::cluster_ip("relayed-udp", Ipv4Addr::new(198, 19, 0, 84))
     };
-    let mut text = format!(
-        "{}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: relayed-udp-v4\n  \
-         namespace: default\n  labels:\n    kubernetes.io/service-name: relayed-udp\naddressType: IPv4\nports:\n  \
-         - name: udp\n    protocol: UDP\n    port: {ECHO_PORT}\nendpoints:\n",
-        service.manifest()
-    );
-    for pod in pods {
-        let node = if pod.starts_with("node1") { "node1" } else { "node2" };
-        text.push_str(&format!(
-            "  - addresses: [\"{}\"]\n    conditions:\n      ready: true\n    nodeName: {node}\n",
-            pod_ip(pod, Family::V4)
-        ));
-    }
-    text
+    format!("{}{}", service.manifest(), protocol_slice_of("relayed-udp", "v4", "UDP", ECHO_PORT, pods))
 }
 
 #[test]
