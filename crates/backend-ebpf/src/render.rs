@@ -211,11 +211,19 @@ pub fn render_ports(plan: &NodePlan, node: &NodeAddresses) -> Vec<PortEntries> {
     }
     let chunk = ports.len().div_ceil(threads);
     std::thread::scope(|scope| {
-        let others: Vec<_> = ports.chunks(chunk).skip(1).map(|part| scope.spawn(move || render(part))).collect();
+        // A part whose thread cannot be started (a thread limit) is rendered here instead.
+        let others: Vec<_> = ports
+            .chunks(chunk)
+            .skip(1)
+            .map(|part| (part, std::thread::Builder::new().spawn_scoped(scope, move || render(part)).ok()))
+            .collect();
         let mut all = Vec::with_capacity(ports.len());
         all.extend(render(&ports[..chunk]));
-        for other in others {
-            all.extend(other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+        for (part, thread) in others {
+            match thread {
+                Some(thread) => all.extend(thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))),
+                None => all.extend(render(part)),
+            }
         }
         all
     })
