@@ -7,11 +7,17 @@
 //! this hook asks the allocator to return its free pages (`malloc_trim`); partial syncs
 //! free little and are left alone.
 //!
-//! The proxy also runs with at most two malloc arenas ([`limit_arenas`]): glibc otherwise
-//! gives each thread that allocates an arena of its own (up to 8 per core), and the
-//! watch thread's arena, where every object is converted, ends up holding the converted
+//! The proxy also limits glibc's malloc arenas ([`limit_arenas`], [`proxy_arenas`]): glibc
+//! otherwise gives each thread that allocates an arena of its own (up to 8 per core), and
+//! the watch thread's arena, where every object is converted, ends up holding the converted
 //! model among the freed remains of the lists it was decoded from. At 10k Services x 10
-//! endpoints `MALLOC_ARENA_MAX=2` took the kept RSS from 84.5 to 77.3 MiB (`docs/benchmarks.md`).
+//! endpoints `MALLOC_ARENA_MAX=2` took the kept RSS from 84.5 to 77.3 MiB. Fed by an API
+//! server the proxy now runs on one arena: with two, which threads shared the sync
+//! thread's arena depended on who allocated first, and five starts of fourteen kept 59-61
+//! MiB instead of 52-53 (peak ~158 against ~146); with one, fourteen of fourteen kept 52-54
+//! MiB (peak 142-143), the first sync 6 % later under load. The manifests feed parses on
+//! parallel threads, which one arena would serialize, so it keeps two (`docs/benchmarks.md`,
+//! "The API-mode starts that kept more").
 
 use svcplane_sync::{AfterSync, Synced};
 
@@ -38,16 +44,44 @@ pub fn trim() {
     }
 }
 
-/// At most two malloc arenas for this process, unless `MALLOC_ARENA_MAX` says otherwise.
-/// Called before any thread starts.
+/// How many malloc arenas `svcplane proxy` runs with: one fed by an API server (one watch
+/// thread decodes, one sync thread keeps the model), two for the manifests feed (its parse
+/// runs on parallel threads).
+pub fn proxy_arenas(source: &crate::cli::SourceArgs) -> i32 {
+    if source.manifests.is_some() { 2 } else { 1 }
+}
+
+/// At most `arenas` malloc arenas for this process, unless `MALLOC_ARENA_MAX` says otherwise.
 #[allow(unsafe_code, reason = "one libc call without preconditions")]
-pub fn limit_arenas() {
+pub fn limit_arenas(arenas: i32) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
         // SAFETY: mallopt only changes the allocator's parameters; M_ARENA_MAX takes
         // effect for arenas created later.
         unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
+            libc::mallopt(libc::M_ARENA_MAX, arenas);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::cli::{Cli, Command};
+
+    fn proxy_source(flags: &[&str]) -> crate::cli::SourceArgs {
+        let argv = ["svcplane", "proxy"].iter().chain(flags).copied();
+        match Cli::try_parse_from(argv).expect("flags parse").command {
+            Command::Proxy(args) => args.source,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn the_proxy_runs_on_one_malloc_arena_fed_by_an_api_server_and_on_two_fed_by_manifests() {
+        assert_eq!(super::proxy_arenas(&proxy_source(&["--kubeconfig", "/nonexistent"])), 1);
+        assert_eq!(super::proxy_arenas(&proxy_source(&[])), 1, "in a Pod: the in-cluster config");
+        assert_eq!(super::proxy_arenas(&proxy_source(&["--manifests", "/nonexistent"])), 2);
     }
 }
