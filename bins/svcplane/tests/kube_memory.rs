@@ -5,8 +5,9 @@
 //! plus a marker Service created last whose one endpoint is a lab pod with an echo server.
 //! Then each binary under test (`SVCPLANE_MEM_BINARIES`, `label=path,...`; by default the
 //! one this test was built with) is started cold on node1 (rules removed first) as
-//! `svcplane proxy --kubeconfig ... --node-name node1` (nftables mode, netlink), `rounds`
-//! times in turn, and measured:
+//! `svcplane proxy --kubeconfig ... --node-name node1` in each mode of
+//! `SVCPLANE_MEM_MODES` (`nftables`, the default, over netlink; `ebpf`, attached to node1's
+//! cgroup with a bpf root of its own), `rounds` times in turn, and measured:
 //!
 //! - *cold start*: from the process's start until node1 itself reaches the marker's
 //!   ClusterIP (list, conversion, plan, render and the kernel's transaction included; every
@@ -60,6 +61,24 @@ const CONTROLLER_SETTLE: Duration = Duration::from_secs(20);
 struct Size {
     services: usize,
     endpoints: usize,
+}
+
+/// The proxy modes the harness can start: nftables (the reference) and eBPF, whose maps
+/// are its rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProxyMode {
+    Nftables,
+    Ebpf,
+}
+
+impl ProxyMode {
+    fn parse(name: &str) -> Self {
+        match name.trim() {
+            "nftables" => Self::Nftables,
+            "ebpf" => Self::Ebpf,
+            other => panic!("SVCPLANE_MEM_MODES: {other:?} is not a mode this harness starts (nftables, ebpf)"),
+        }
+    }
 }
 
 /// One binary's measurements in one round.
@@ -145,6 +164,9 @@ struct Proxy {
     binary: String,
     args: Vec<String>,
     cleanup: Vec<String>,
+    /// Started, and cleaned up after, keeping this process's mounts: eBPF mode pins its
+    /// objects in a bpffs it mounts and attaches to a cgroup under /sys.
+    sharing_mounts: bool,
 }
 
 impl Proxy {
@@ -152,12 +174,19 @@ impl Proxy {
     /// by this build's `svcplane cleanup` whatever build is measured: an older build's
     /// cleanup listed tables through the `nft` command, which at 10k Services outlasted
     /// the lab's command timeout and left the rules in place.
-    fn svcplane(kube: &KubeLab, label: &str, binary: &str) -> Self {
-        Self {
-            label: label.to_owned(),
-            binary: binary.to_owned(),
-            args: proxy_args(kube),
-            cleanup: vec![env!("CARGO_BIN_EXE_svcplane").to_owned(), "cleanup".to_owned()],
+    fn svcplane(kube: &KubeLab, label: &str, binary: &str, mode: ProxyMode, bpf_root: &Path) -> Self {
+        let mut args = proxy_args(kube);
+        let mut cleanup = vec![env!("CARGO_BIN_EXE_svcplane").to_owned(), "cleanup".to_owned()];
+        match mode {
+            ProxyMode::Nftables => Self { label: label.to_owned(), binary: binary.to_owned(), args, cleanup, sharing_mounts: false },
+            ProxyMode::Ebpf => {
+                let cgroup = kube.lab.node_cgroup(1).expect("a lab with node cgroups").display().to_string();
+                let attachment = ["--cgroup-path".to_owned(), cgroup, "--bpf-root".to_owned(), bpf_root.display().to_string()];
+                args.extend(["--mode".to_owned(), "ebpf".to_owned()]);
+                args.extend(attachment.iter().cloned());
+                cleanup.extend(attachment);
+                Self { label: format!("{label} (ebpf)"), binary: binary.to_owned(), args, cleanup, sharing_mounts: true }
+            }
         }
     }
 
@@ -169,19 +198,25 @@ impl Proxy {
             args: upstream_kube_proxy_args(kube, kube.lab.node(1).name(), "nftables"),
             cleanup: vec![binary.clone(), "--cleanup".to_owned()],
             binary,
+            sharing_mounts: false,
         })
     }
 }
 
 /// Starts `proxy` cold on node1 and measures it; stops it and removes its rules after.
 fn measure(kube: &KubeLab, proxy: &Proxy, target: SocketAddr, limit: Duration) -> Measured {
-    let Proxy { label, binary, args, cleanup } = proxy;
+    let Proxy { label, binary, args, cleanup, sharing_mounts } = proxy;
     let namespace = kube.lab.node(1).namespace_name().to_owned();
     let cleanup: Vec<&str> = cleanup.iter().map(String::as_str).collect();
-    remove_rules(kube, &namespace, &cleanup, target, &format!("before starting {label}"));
+    remove_rules(kube, &namespace, &cleanup, *sharing_mounts, target, &format!("before starting {label}"));
     let what = format!("proxy-{}", label.replace(|c: char| !c.is_ascii_alphanumeric(), "-"));
     let started = Instant::now();
-    let (pid, log) = kube.plane.spawn(&what, &namespace, binary, args).expect("a proxy");
+    let spawned = if *sharing_mounts {
+        kube.plane.spawn_sharing_mounts(&what, &namespace, binary, args)
+    } else {
+        kube.plane.spawn(&what, &namespace, binary, args)
+    };
+    let (pid, log) = spawned.expect("a proxy");
     let mut cold_start = None;
     while started.elapsed() < limit {
         if let Ok(reply) = kube.lab.tcp_request(&namespace, target, PROBE_TIMEOUT)
@@ -203,15 +238,20 @@ fn measure(kube: &KubeLab, proxy: &Proxy, target: SocketAddr, limit: Duration) -
         panic!("{label} stopped: {error}\n{}", kube_support::log_tail(&log));
     }
     kube.plane.stop(&what);
-    remove_rules(kube, &namespace, &cleanup, target, &format!("after {label}"));
+    remove_rules(kube, &namespace, &cleanup, *sharing_mounts, target, &format!("after {label}"));
     measured
 }
 
 /// Runs `cleanup` on node1 and checks that the marker no longer answers; fails with what
 /// the cleanup said when it does. The exit status alone is not the test: kube-proxy's
 /// cleanup also looks for iptables and IPVS rules and may complain about those.
-fn remove_rules(kube: &KubeLab, namespace: &str, cleanup: &[&str], target: SocketAddr, when: &str) {
-    let outcome = match kube.lab.exec_with_timeout(namespace, cleanup, CLEANUP_TIMEOUT) {
+fn remove_rules(kube: &KubeLab, namespace: &str, cleanup: &[&str], sharing_mounts: bool, target: SocketAddr, when: &str) {
+    let ran = if sharing_mounts {
+        kube.lab.exec_sharing_mounts_with_timeout(namespace, cleanup, CLEANUP_TIMEOUT)
+    } else {
+        kube.lab.exec_with_timeout(namespace, cleanup, CLEANUP_TIMEOUT)
+    };
+    let outcome = match ran {
         Ok(output) => format!(
             "{}; stderr: {}",
             output.status,
@@ -295,8 +335,19 @@ fn binaries() -> Vec<(String, String)> {
     }
 }
 
-fn run_size(upstream: &UpstreamBinaries, size: Size, rounds: usize, limit: Duration) -> (Duration, Vec<Measured>) {
-    let lab = Lab::builder().nodes(2).pods_per_node(1).build().expect("a lab");
+fn run_size(
+    upstream: &UpstreamBinaries,
+    size: Size,
+    rounds: usize,
+    limit: Duration,
+    modes: &[ProxyMode],
+) -> (Duration, Vec<Measured>) {
+    let lab = Lab::builder()
+        .nodes(2)
+        .pods_per_node(1)
+        .node_cgroups(modes.contains(&ProxyMode::Ebpf))
+        .build()
+        .expect("a lab");
     lab.start_echo_in_all_pods(kube_support::ECHO_PORT, Path::new(env!("CARGO_BIN_EXE_svcplane"))).expect("echo");
     let kube = KubeLab::start(upstream, lab);
     let created = create_bulk(&kube, size);
@@ -319,8 +370,12 @@ fn run_size(upstream: &UpstreamBinaries, size: Size, rounds: usize, limit: Durat
         }
     }
     let mut all = Vec::new();
-    let mut proxies: Vec<Proxy> =
-        binaries().iter().map(|(label, binary)| Proxy::svcplane(&kube, label, binary)).collect();
+    // Where eBPF mode pins its objects; `svcplane cleanup --bpf-root` unmounts it after each start.
+    let bpf_root = tempfile::Builder::new().prefix("svcplane-memory-bpf").tempdir().expect("a bpf root directory");
+    let mut proxies: Vec<Proxy> = binaries()
+        .iter()
+        .flat_map(|(label, binary)| modes.iter().map(|mode| Proxy::svcplane(&kube, label, binary, *mode, bpf_root.path())))
+        .collect();
     proxies.extend(Proxy::upstream(&kube, upstream));
     for _ in 0..rounds {
         for proxy in &proxies {
@@ -372,7 +427,7 @@ fn markdown(size: Size, created: Duration, all: &[Measured]) -> String {
 fn the_memory_harness_measures_a_cold_proxy_on_a_small_cluster() {
     let Some(upstream) = binaries_for_test("kube_memory") else { return };
     let size = Size { services: 30, endpoints: 10 };
-    let (created, all) = run_size(&upstream, size, 1, Duration::from_secs(60));
+    let (created, all) = run_size(&upstream, size, 1, Duration::from_secs(60), &[ProxyMode::Nftables, ProxyMode::Ebpf]);
     eprintln!("{}", markdown(size, created, &all));
     for measured in all.iter().filter(|measured| !measured.label.contains("controller")) {
         assert!(measured.cold_start.is_some(), "never served the marker: {measured:?}");
@@ -399,11 +454,13 @@ fn svcplane_proxy_memory_and_cold_start_at_10k_services() {
         })
         .collect();
     let rounds = std::env::var("SVCPLANE_MEM_ROUNDS").ok().and_then(|text| text.parse().ok()).unwrap_or(2);
+    let modes: Vec<ProxyMode> =
+        std::env::var("SVCPLANE_MEM_MODES").unwrap_or_else(|_| "nftables".into()).split(',').map(ProxyMode::parse).collect();
     let mut table = String::from(
         "| services x endpoints | binary | cold start to rules in the kernel | RSS after | peak RSS |\n| --- | --- | ---: | ---: | ---: |\n",
     );
     for size in sizes {
-        let (created, all) = run_size(&upstream, size, rounds, Duration::from_secs(300));
+        let (created, all) = run_size(&upstream, size, rounds, Duration::from_secs(300), &modes);
         table.push_str(&markdown(size, created, &all));
     }
     eprintln!("{table}");

@@ -227,7 +227,7 @@ impl ControlPlane {
         let namespace = self.config.namespace.clone();
         self.etcd_starts += 1;
         let what = if self.etcd_starts == 1 { "etcd".to_owned() } else { format!("etcd-{}", self.etcd_starts) };
-        let mut process = self.spawn_process(&what, &namespace, &etcd, &args)?;
+        let mut process = self.spawn_process(&what, &netns_exec(&namespace), &etcd, &args)?;
         let url = format!("{client}/readyz");
         self.wait_until(&mut process, |plane| plane.curl_ok(&namespace, &[&url]))?;
         self.etcd = Some(process);
@@ -270,7 +270,7 @@ impl ControlPlane {
             format!("kube-apiserver-{}", self.apiserver_starts)
         };
         let namespace = self.config.namespace.clone();
-        let mut process = self.spawn_process(&what, &namespace, &binary, &self.apiserver_args())?;
+        let mut process = self.spawn_process(&what, &netns_exec(&namespace), &binary, &self.apiserver_args())?;
         let ca = self.credentials.ca_cert.display().to_string();
         let token = format!("Authorization: Bearer {}", self.credentials.token);
         let base = match self.config.address {
@@ -326,8 +326,31 @@ impl ControlPlane {
         binary: &str,
         args: &[String],
     ) -> Result<(u32, PathBuf), ControlPlaneError> {
+        self.spawn_entering(what, &netns_exec(namespace), binary, args)
+    }
+
+    /// [`Self::spawn`] entering only the network namespace (`nsenter --net`): the program
+    /// keeps this process's mounts, so it sees the cgroup2 mount under /sys and a bpffs it
+    /// mounts outlives it (what eBPF mode needs; `ip netns exec` gives it a fresh /sys).
+    pub fn spawn_sharing_mounts(
+        &self,
+        what: &str,
+        namespace: &str,
+        binary: &str,
+        args: &[String],
+    ) -> Result<(u32, PathBuf), ControlPlaneError> {
+        self.spawn_entering(what, &["nsenter".to_owned(), format!("--net=/run/netns/{namespace}")], binary, args)
+    }
+
+    fn spawn_entering(
+        &self,
+        what: &str,
+        launcher: &[String],
+        binary: &str,
+        args: &[String],
+    ) -> Result<(u32, PathBuf), ControlPlaneError> {
         let program = if binary.contains('/') { PathBuf::from(binary) } else { self.binaries.require(binary)? };
-        let process = self.spawn_process(what, namespace, &program, args)?;
+        let process = self.spawn_process(what, launcher, &program, args)?;
         let result = (process.pid(), process.log.clone());
         self.others.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(process);
         Ok(result)
@@ -396,7 +419,7 @@ impl ControlPlane {
     fn spawn_process(
         &self,
         what: &str,
-        namespace: &str,
+        launcher: &[String],
         program: &Path,
         args: &[String],
     ) -> Result<Upstream, ControlPlaneError> {
@@ -411,8 +434,9 @@ impl ControlPlane {
             path: log.clone(),
             source,
         })?;
-        let child = Command::new("ip")
-            .args(["netns", "exec", namespace])
+        let (first, rest) = launcher.split_first().expect("a launcher command");
+        let child = Command::new(first)
+            .args(rest)
             .arg(program)
             .args(args)
             .stdin(Stdio::null())
@@ -468,4 +492,9 @@ impl Drop for ControlPlane {
             eprintln!("svcplane-control-plane: kept {}", kept.keep().display());
         }
     }
+}
+
+/// The command prefix that runs a program in `namespace` the usual way.
+fn netns_exec(namespace: &str) -> Vec<String> {
+    ["ip", "netns", "exec", namespace].map(String::from).to_vec()
 }

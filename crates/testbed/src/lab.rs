@@ -544,6 +544,20 @@ impl Lab {
         run_bounded(command, None, timeout).map_err(|failure| command_error(namespace, &line, failure))
     }
 
+    /// [`Lab::exec_with_timeout`] keeping the caller's mounts (see
+    /// [`Lab::command_sharing_mounts`]): for commands that must see a bpffs this process
+    /// mounted, or unmount one.
+    pub fn exec_sharing_mounts_with_timeout<S: AsRef<OsStr>>(
+        &self,
+        namespace: &str,
+        args: &[S],
+        timeout: Duration,
+    ) -> Result<Output, LabError> {
+        let command = self.command_sharing_mounts(namespace, args)?;
+        let line = describe_os(args);
+        run_bounded(command, None, timeout).map_err(|failure| command_error(namespace, &line, failure))
+    }
+
     /// Runs `args` inside `namespace`; fails unless it exits with status 0. Returns stdout.
     pub fn exec_ok<S: AsRef<OsStr>>(&self, namespace: &str, args: &[S]) -> Result<String, LabError> {
         let output = self.exec(namespace, args)?;
