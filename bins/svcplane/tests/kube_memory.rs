@@ -178,14 +178,23 @@ impl Proxy {
         let mut args = proxy_args(kube);
         let mut cleanup = vec![env!("CARGO_BIN_EXE_svcplane").to_owned(), "cleanup".to_owned()];
         match mode {
-            ProxyMode::Nftables => Self { label: label.to_owned(), binary: binary.to_owned(), args, cleanup, sharing_mounts: false },
+            ProxyMode::Nftables => {
+                Self { label: label.to_owned(), binary: binary.to_owned(), args, cleanup, sharing_mounts: false }
+            }
             ProxyMode::Ebpf => {
                 let cgroup = kube.lab.node_cgroup(1).expect("a lab with node cgroups").display().to_string();
-                let attachment = ["--cgroup-path".to_owned(), cgroup, "--bpf-root".to_owned(), bpf_root.display().to_string()];
+                let attachment =
+                    ["--cgroup-path".to_owned(), cgroup, "--bpf-root".to_owned(), bpf_root.display().to_string()];
                 args.extend(["--mode".to_owned(), "ebpf".to_owned()]);
                 args.extend(attachment.iter().cloned());
                 cleanup.extend(attachment);
-                Self { label: format!("{label} (ebpf)"), binary: binary.to_owned(), args, cleanup, sharing_mounts: true }
+                Self {
+                    label: format!("{label} (ebpf)"),
+                    binary: binary.to_owned(),
+                    args,
+                    cleanup,
+                    sharing_mounts: true,
+                }
             }
         }
     }
@@ -245,7 +254,14 @@ fn measure(kube: &KubeLab, proxy: &Proxy, target: SocketAddr, limit: Duration) -
 /// Runs `cleanup` on node1 and checks that the marker no longer answers; fails with what
 /// the cleanup said when it does. The exit status alone is not the test: kube-proxy's
 /// cleanup also looks for iptables and IPVS rules and may complain about those.
-fn remove_rules(kube: &KubeLab, namespace: &str, cleanup: &[&str], sharing_mounts: bool, target: SocketAddr, when: &str) {
+fn remove_rules(
+    kube: &KubeLab,
+    namespace: &str,
+    cleanup: &[&str],
+    sharing_mounts: bool,
+    target: SocketAddr,
+    when: &str,
+) {
     let ran = if sharing_mounts {
         kube.lab.exec_sharing_mounts_with_timeout(namespace, cleanup, CLEANUP_TIMEOUT)
     } else {
@@ -342,12 +358,8 @@ fn run_size(
     limit: Duration,
     modes: &[ProxyMode],
 ) -> (Duration, Vec<Measured>) {
-    let lab = Lab::builder()
-        .nodes(2)
-        .pods_per_node(1)
-        .node_cgroups(modes.contains(&ProxyMode::Ebpf))
-        .build()
-        .expect("a lab");
+    let lab =
+        Lab::builder().nodes(2).pods_per_node(1).node_cgroups(modes.contains(&ProxyMode::Ebpf)).build().expect("a lab");
     lab.start_echo_in_all_pods(kube_support::ECHO_PORT, Path::new(env!("CARGO_BIN_EXE_svcplane"))).expect("echo");
     let kube = KubeLab::start(upstream, lab);
     let created = create_bulk(&kube, size);
@@ -374,7 +386,9 @@ fn run_size(
     let bpf_root = tempfile::Builder::new().prefix("svcplane-memory-bpf").tempdir().expect("a bpf root directory");
     let mut proxies: Vec<Proxy> = binaries()
         .iter()
-        .flat_map(|(label, binary)| modes.iter().map(|mode| Proxy::svcplane(&kube, label, binary, *mode, bpf_root.path())))
+        .flat_map(|(label, binary)| {
+            modes.iter().map(|mode| Proxy::svcplane(&kube, label, binary, *mode, bpf_root.path()))
+        })
         .collect();
     proxies.extend(Proxy::upstream(&kube, upstream));
     for _ in 0..rounds {
@@ -454,8 +468,11 @@ fn svcplane_proxy_memory_and_cold_start_at_10k_services() {
         })
         .collect();
     let rounds = std::env::var("SVCPLANE_MEM_ROUNDS").ok().and_then(|text| text.parse().ok()).unwrap_or(2);
-    let modes: Vec<ProxyMode> =
-        std::env::var("SVCPLANE_MEM_MODES").unwrap_or_else(|_| "nftables".into()).split(',').map(ProxyMode::parse).collect();
+    let modes: Vec<ProxyMode> = std::env::var("SVCPLANE_MEM_MODES")
+        .unwrap_or_else(|_| "nftables".into())
+        .split(',')
+        .map(ProxyMode::parse)
+        .collect();
     let mut table = String::from(
         "| services x endpoints | binary | cold start to rules in the kernel | RSS after | peak RSS |\n| --- | --- | ---: | ---: | ---: |\n",
     );

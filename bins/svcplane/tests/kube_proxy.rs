@@ -110,6 +110,8 @@ fn services_and_slices_written_to_the_api_reach_the_kernel_and_what_upstream_ign
 
     let first = expect_answers(&kube, &log, "the initial state", echo, &["node1-pod1", "node1-pod2"]);
     eprintln!("initial state in the kernel {first:?} after the proxy started");
+    let text = std::fs::read_to_string(&log).expect("the proxy's log");
+    assert!(!text.contains("page by page"), "this API server streams lists, but the proxy paged them:\n{text}");
     let ruleset = nft_ruleset(&kube);
     assert!(ruleset.contains(&echo.to_string()), "{echo} is not programmed:\n{ruleset}");
     assert!(
@@ -146,6 +148,31 @@ fn services_and_slices_written_to_the_api_reach_the_kernel_and_what_upstream_ign
     let (error, _) = exited.unwrap_or_else(|| panic!("the proxy ignored SIGTERM:\n{}", log_tail(&log)));
     assert!(error.to_string().contains("exit status: 0"), "{error}");
     assert_eq!(answers(&kube, echo, 4), answered_by(&["node1-pod2"]), "the rules stay after a stop");
+}
+
+#[test]
+fn an_api_server_that_does_not_stream_lists_is_listed_page_by_page_and_every_change_still_reaches_the_kernel() {
+    let Some(binaries) = binaries_for_test("kube_proxy") else { return };
+    // Streaming lists are the `WatchList` feature; off by default in Kubernetes 1.27-1.31 and 1.33.
+    let kube =
+        KubeLab::start_with_apiserver_args(&binaries, lab_with_two_echo_pods(), &["--feature-gates=WatchList=false"]);
+    let echo = create_service_with_slice(&kube, "echo", &["node1-pod1", "node1-pod2"], &[]);
+    let (_, log) = kube.start_svcplane_proxy(1, &[]);
+
+    expect_answers(&kube, &log, "the initial state", echo, &["node1-pod1", "node1-pod2"]);
+    let text = std::fs::read_to_string(&log).expect("the proxy's log");
+    for kind in ["Service", "EndpointSlice"] {
+        assert!(
+            text.lines()
+                .any(|line| line.contains("does not stream lists") && line.contains(&format!("kind=\"{kind}\""))),
+            "no {kind} fallback to paged lists logged:\n{text}"
+        );
+    }
+    move_echo_endpoint_to(&kube, "node1-pod2");
+    expect_answers(&kube, &log, "a slice changed after the paged list", echo, &["node1-pod2"]);
+    let late = create_service_with_slice(&kube, "late", &["node1-pod1"], &[]);
+    expect_answers(&kube, &log, "a Service created after the paged list", late, &["node1-pod1"]);
+    kube.plane.check_running("svcplane-proxy-node1").expect("the proxy still runs");
 }
 
 #[test]

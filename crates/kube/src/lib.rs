@@ -38,6 +38,7 @@ pub mod announce;
 pub mod controller;
 mod error;
 pub mod feed;
+mod initial_list;
 pub mod lease;
 pub mod load_balancer;
 mod mirror;

@@ -2,7 +2,8 @@
 //! in batches.
 //!
 //! Each kind has its own kube-runtime watcher (list, then watch; relist when the watch
-//! expires or the API server was gone; retries with a short backoff). Per kind the source
+//! expires or the API server was gone; retries with a short backoff), its first list
+//! streamed where the API server can ([`crate::initial_list`]). Per kind the source
 //! remembers the `resourceVersion` of every object it has passed on:
 //!
 //! - an `Apply` whose resourceVersion was already passed on is dropped (no duplicates);
@@ -39,6 +40,7 @@ use tracing::{debug, info, warn};
 
 use crate::access::ClusterAccess;
 use crate::error::KubeError;
+use crate::initial_list::watcher_streaming_first;
 
 /// A Service or EndpointSlice with this label belongs to another proxy.
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
@@ -226,12 +228,13 @@ enum Incoming {
 fn stream_of<K>(
     api: Api<K>,
     config: watcher::Config,
+    kind: &'static str,
     wrap: fn(Result<Event<K>, watcher::Error>) -> Incoming,
 ) -> BoxStream<'static, Incoming>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    watcher::watcher(api, config).backoff(WatchBackoff::new()).map(wrap).boxed()
+    watcher_streaming_first(api, config, kind).backoff(WatchBackoff::new()).map(wrap).boxed()
 }
 
 async fn watch<S, E, N>(
@@ -246,16 +249,16 @@ async fn watch<S, E, N>(
     if options.proxy_filters {
         proxy_labels = proxy_labels.labels(&format!("!{SERVICE_PROXY_NAME_LABEL}"));
     }
-    streams.push(stream_of(Api::<Service>::all(client.clone()), proxy_labels, Incoming::Service));
+    streams.push(stream_of(Api::<Service>::all(client.clone()), proxy_labels, "Service", Incoming::Service));
     let mut slice_labels = watcher::Config::default();
     if options.proxy_filters {
         slice_labels = slice_labels.labels(&format!("!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}"));
     }
-    streams.push(stream_of(Api::<EndpointSlice>::all(client.clone()), slice_labels, Incoming::Slice));
+    streams.push(stream_of(Api::<EndpointSlice>::all(client.clone()), slice_labels, "EndpointSlice", Incoming::Slice));
     let mut state = WatchState::new(options.node_name.is_some(), keep);
     if let Some(node) = &options.node_name {
         let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-        streams.push(stream_of(Api::<Node>::all(client), config, Incoming::Node));
+        streams.push(stream_of(Api::<Node>::all(client), config, "Node", Incoming::Node));
     }
 
     let mut ticker = tokio::time::interval(STOP_CHECK);

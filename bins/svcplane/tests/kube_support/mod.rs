@@ -43,23 +43,37 @@ impl KubeLab {
     /// Starts the control plane in `lab`'s LAN namespace and creates one Node object per
     /// lab node (its LAN addresses, zone `zone-<n>`).
     pub fn start(binaries: &UpstreamBinaries, lab: Lab) -> KubeLab {
-        let kube = Self::start_without_nodes(binaries, lab);
-        for node in kube.lab.nodes() {
+        Self::start_with_apiserver_args(binaries, lab, &[])
+    }
+
+    fn create_lab_nodes(&self) {
+        for node in self.lab.nodes() {
             let ips: Vec<IpAddr> = node.ips().to_vec();
-            kube.client
+            self.client
                 .create_node(&objects::node(node.name(), &ips, Some(&format!("zone-{}", node.index()))))
                 .expect("a Node object");
         }
+    }
+
+    /// [`KubeLab::start`] with more kube-apiserver flags (e.g. feature gates).
+    pub fn start_with_apiserver_args(binaries: &UpstreamBinaries, lab: Lab, apiserver_args: &[&str]) -> KubeLab {
+        let kube = Self::start_control_plane(binaries, lab, apiserver_args);
+        kube.create_lab_nodes();
         kube
     }
 
     /// The control plane only: the test writes the Nodes itself.
     pub fn start_without_nodes(binaries: &UpstreamBinaries, lab: Lab) -> KubeLab {
+        Self::start_control_plane(binaries, lab, &[])
+    }
+
+    fn start_control_plane(binaries: &UpstreamBinaries, lab: Lab, apiserver_args: &[&str]) -> KubeLab {
         let lan = lab.lan_namespace().to_owned();
         lab.exec_ok(&lan, &["ip", "addr", "add", &format!("{API_ADDRESS}/24"), "dev", "br0"])
             .expect("an address for the API server on the lab bridge");
         let mut config = ControlPlaneConfig::new(&lan, API_ADDRESS.parse().unwrap());
         config.service_cidrs = SERVICE_CIDRS.iter().map(|cidr| (*cidr).to_owned()).collect();
+        config.extra_apiserver_args = apiserver_args.iter().map(|arg| (*arg).to_owned()).collect();
         let plane =
             ControlPlane::start(binaries, config).unwrap_or_else(|error| panic!("starting the control plane: {error}"));
         let client = NetnsClient::connect(&lan, plane.kubeconfig()).expect("a client in the LAN namespace");
