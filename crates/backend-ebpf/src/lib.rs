@@ -12,6 +12,7 @@
 
 pub mod render;
 mod slots;
+mod small_map;
 pub mod sync;
 
 pub use render::{Decision, NodeAddresses, PortEntries, render_all, render_port, render_text};

@@ -4,10 +4,11 @@
 //! of the node; the plan's routes are evaluated once for each of those two sources, so the
 //! programs only look up (frontend, scope) and pick an endpoint.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 
+use crate::small_map::{SmallMap, SmallSet};
 use svcplane_bpf::maps::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use svcplane_bpf::{BackendValue, Scope, ServiceKey};
 use svcplane_core::{
@@ -28,27 +29,28 @@ pub enum Decision {
     Drop,
 }
 
-/// Every map entry one service port needs.
+/// Every map entry one service port needs; kept for every port between syncs, so its
+/// maps and sets are sorted vectors ([`SmallMap`]), not trees.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PortEntries {
     /// The endpoint sets some frontend balances over.
-    pub sets: BTreeMap<EndpointSetKind, Vec<SocketAddr>>,
-    pub frontends: BTreeMap<ServiceKey, Decision>,
+    pub sets: SmallMap<EndpointSetKind, Vec<SocketAddr>>,
+    pub frontends: SmallMap<ServiceKey, Decision>,
     /// Entries whose traffic the tc programs translate to the node's address.
-    pub masqueraded: BTreeSet<ServiceKey>,
+    pub masqueraded: SmallSet<ServiceKey>,
     /// External-scope entries only sources inside these ranges may use
     /// (`loadBalancerSourceRanges`).
-    pub source_ranges: BTreeMap<ServiceKey, Vec<IpNet>>,
+    pub source_ranges: SmallMap<ServiceKey, Vec<IpNet>>,
     /// Sets that external traffic to a NodePort, load-balancer or external IP balances over:
     /// the tc program picks in them with a Maglev table.
-    pub maglev_sets: BTreeSet<EndpointSetKind>,
+    pub maglev_sets: SmallSet<EndpointSetKind>,
     /// ClientIP affinity timeout in seconds (0: none).
     pub affinity_seconds: u32,
     /// UDP ports: every endpoint still serving (ready or terminating); flows already on one
     /// of these stay there. Empty for other protocols.
     pub serving: Vec<SocketAddr>,
     /// The endpoints of `sets` that run on this node (the plan's local endpoints).
-    pub local: BTreeSet<SocketAddr>,
+    pub local: SmallSet<SocketAddr>,
 }
 
 impl PortEntries {
@@ -174,7 +176,7 @@ pub fn render_port(plan: &NodePlan, port: &ServicePortPlan, node: &NodeAddresses
         for scope in [Scope::Node, Scope::Pod, Scope::External] {
             let (decision, masquerade) = decide(plan, port, frontend, scope);
             if let Decision::Balance(set) = decision {
-                entries.sets.entry(set).or_insert_with(|| port.endpoints(set).to_vec());
+                entries.sets.get_or_insert_with(set, || port.endpoints(set).to_vec());
                 if scope == Scope::External && frontend.kind != FrontendKind::ClusterIp {
                     entries.maglev_sets.insert(set);
                 }
@@ -191,6 +193,9 @@ pub fn render_port(plan: &NodePlan, port: &ServicePortPlan, node: &NodeAddresses
             }
         }
     }
+    entries.frontends.shrink_to_fit();
+    entries.sets.shrink_to_fit();
+    entries.masqueraded.shrink_to_fit();
     entries
 }
 
