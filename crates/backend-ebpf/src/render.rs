@@ -12,8 +12,8 @@ use crate::small_map::{SmallMap, SmallSet};
 use svcplane_bpf::maps::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use svcplane_bpf::{BackendValue, Scope, ServiceKey};
 use svcplane_core::{
-    Destination, EndpointSetKind, Frontend, FrontendKind, IpFamily, NodePlan, PlanKey, Protocol, ServicePortPlan,
-    SourceMatch, Unrouted,
+    Destination, EndpointSetKind, Endpoints, Frontend, FrontendKind, IpFamily, NodePlan, PlanKey, Protocol,
+    ServicePortPlan, SourceMatch, Unrouted,
 };
 
 use ipnet::IpNet;
@@ -33,8 +33,8 @@ pub enum Decision {
 /// maps and sets are sorted vectors ([`SmallMap`]), not trees.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PortEntries {
-    /// The endpoint sets some frontend balances over.
-    pub sets: SmallMap<EndpointSetKind, Vec<SocketAddr>>,
+    /// The endpoint sets some frontend balances over: the plan's own lists, shared.
+    pub sets: SmallMap<EndpointSetKind, Endpoints>,
     pub frontends: SmallMap<ServiceKey, Decision>,
     /// Entries whose traffic the tc programs translate to the node's address.
     pub masqueraded: SmallSet<ServiceKey>,
@@ -48,7 +48,7 @@ pub struct PortEntries {
     pub affinity_seconds: u32,
     /// UDP ports: every endpoint still serving (ready or terminating); flows already on one
     /// of these stay there. Empty for other protocols.
-    pub serving: Vec<SocketAddr>,
+    pub serving: Endpoints,
     /// The endpoints of `sets` that run on this node (the plan's local endpoints).
     pub local: SmallSet<SocketAddr>,
 }
@@ -176,7 +176,7 @@ pub fn render_port(plan: &NodePlan, port: &ServicePortPlan, node: &NodeAddresses
         for scope in [Scope::Node, Scope::Pod, Scope::External] {
             let (decision, masquerade) = decide(plan, port, frontend, scope);
             if let Decision::Balance(set) = decision {
-                entries.sets.get_or_insert_with(set, || port.endpoints(set).to_vec());
+                entries.sets.get_or_insert_with(set, || port.shared_endpoints(set).clone());
                 if scope == Scope::External && frontend.kind != FrontendKind::ClusterIp {
                     entries.maglev_sets.insert(set);
                 }
@@ -406,6 +406,14 @@ mod tests {
     }
 
     #[test]
+    fn a_ports_entries_share_the_plans_endpoint_list_instead_of_copying_it() {
+        let plan = plan_of(service(Protocol::Tcp), &[("198.18.129.1", "node1"), ("198.18.130.1", "node2")]);
+        let entries = only_port(&plan, &node());
+        let port = plan.service_ports.values().next().unwrap();
+        assert!(std::sync::Arc::ptr_eq(&entries.sets[&EndpointSetKind::Cluster], &port.cluster_endpoints));
+    }
+
+    #[test]
     fn a_service_without_endpoints_is_refused_and_one_without_local_endpoints_is_dropped_for_pods() {
         let plan = plan_of(service(Protocol::Tcp), &[]);
         assert_eq!(decision(&only_port(&plan, &node()), "198.19.0.10:80", Scope::Pod), Decision::Reject);
@@ -423,7 +431,7 @@ mod tests {
         udp.session_affinity = Some(ClientIpAffinity { timeout: Duration::from_secs(90) });
         let plan = plan_of(udp, &[("198.18.129.1", "node1")]);
         let entries = only_port(&plan, &node());
-        assert_eq!(entries.serving, vec!["198.18.129.1:8080".parse::<SocketAddr>().unwrap()]);
+        assert_eq!(*entries.serving, ["198.18.129.1:8080".parse::<SocketAddr>().unwrap()]);
         assert_eq!(entries.affinity_seconds, 90);
         let text = render_text(&plan, &node());
         assert!(text.contains("affinity: ClientIP 90s"), "{text}");

@@ -177,7 +177,7 @@ impl MapUsage {
     fn of(entries: &PortEntries) -> MapUsage {
         MapUsage {
             services: entries.frontends.len(),
-            backends: entries.sets.values().map(Vec::len).sum(),
+            backends: entries.sets.values().map(|endpoints| endpoints.len()).sum(),
             live: entries.serving.len(),
             names: 1,
         }
@@ -739,7 +739,7 @@ impl EbpfBackend {
         let tc = self.tc.as_mut().expect("opened with lb");
         let tables: Vec<(u32, &[SocketAddr])> = record
             .values()
-            .flat_map(|w| w.entries.maglev_sets.iter().map(|kind| (w.set_ids[kind], w.entries.sets[kind].as_slice())))
+            .flat_map(|w| w.entries.maglev_sets.iter().map(|kind| (w.set_ids[kind], &*w.entries.sets[kind])))
             .collect();
         tc.set_maglev_many(&tables)?;
         operations += tables.len();
@@ -1281,7 +1281,9 @@ fn update_ranges(tc: &mut TcNat, old: Option<&PortEntries>, new: Option<&PortEnt
 fn update_maglev(tc: &mut TcNat, old: Option<&Written>, new: Option<&Written>) -> Result<usize, BpfError> {
     let tables = |written: Option<&Written>| -> BTreeMap<u32, Vec<SocketAddr>> {
         written
-            .map(|w| w.entries.maglev_sets.iter().map(|kind| (w.set_ids[kind], w.entries.sets[kind].clone())).collect())
+            .map(|w| {
+                w.entries.maglev_sets.iter().map(|kind| (w.set_ids[kind], w.entries.sets[kind].to_vec())).collect()
+            })
             .unwrap_or_default()
     };
     let (before, after) = (tables(old), tables(new));

@@ -19,7 +19,7 @@ use crate::ipset;
 /// The hairpin members of `port`: (set, member), an endpoint counted once per list it is in.
 pub fn members(port: &ServicePortPlan) -> impl Iterator<Item = (String, String)> + '_ {
     let set = ipset::set_name(port.family, "LOOP-BACK");
-    port.cluster_endpoints.iter().chain(&port.local_endpoints).filter(|_| port.masquerade_hairpin).map(
+    port.cluster_endpoints.iter().chain(port.local_endpoints.iter()).filter(|_| port.masquerade_hairpin).map(
         move |endpoint| (set.clone(), ipset::ip_port_ip(endpoint.ip(), port.protocol, endpoint.port(), endpoint.ip())),
     )
 }

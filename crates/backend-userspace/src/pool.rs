@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use svcplane_core::{EndpointSetKind, ServicePortPlan};
+use svcplane_core::{EndpointSetKind, Endpoints, ServicePortPlan};
 use tokio::sync::watch;
 
 use crate::stats::Stats;
@@ -19,8 +19,8 @@ pub const FAILED_FOR: Duration = Duration::from_secs(5);
 /// The endpoints every new connection chooses from, replaced at each sync.
 #[derive(Debug, Default)]
 struct Choice {
-    cluster: Vec<SocketAddr>,
-    local: Vec<SocketAddr>,
+    cluster: Endpoints,
+    local: Endpoints,
     affinity: Option<Duration>,
     /// Round-robin positions, per endpoint set.
     next: [usize; 2],
@@ -259,9 +259,9 @@ mod tests {
             family: IpFamily::V4,
             protocol: Protocol::Tcp,
             frontends: Vec::new(),
-            cluster_endpoints: endpoints.clone(),
-            local_endpoints: endpoints[..1].to_vec(),
-            serving_endpoints: endpoints,
+            cluster_endpoints: endpoints.clone().into(),
+            local_endpoints: endpoints[..1].into(),
+            serving_endpoints: endpoints.into(),
             affinity: None,
             refusal: Refusal::TcpReset,
             masquerade_hairpin: true,
@@ -309,7 +309,8 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(pool.candidates(EndpointSetKind::Cluster, CLIENT)[0], first);
         }
-        with_affinity.cluster_endpoints.retain(|e| *e != first);
+        with_affinity.cluster_endpoints =
+            with_affinity.cluster_endpoints.iter().copied().filter(|e| *e != first).collect();
         pool.update(&with_affinity);
         assert_ne!(pool.candidates(EndpointSetKind::Cluster, CLIENT)[0], first);
     }

@@ -20,7 +20,7 @@ pub mod state;
 pub use dataplane::{Dataplane, DataplaneError, RuleCount, SyncReport, TableUsage};
 pub use model::*;
 pub use plan::{
-    Destination, EndpointSetKind, Frontend, FrontendKind, HealthCheck, NodeConfig, NodePlan, NodePortAddresses,
-    PlanDiff, PlanKey, Refusal, Route, ServicePortPlan, SourceMatch, Unrouted,
+    Destination, EndpointSetKind, Endpoints, Frontend, FrontendKind, HealthCheck, NodeConfig, NodePlan,
+    NodePortAddresses, PlanDiff, PlanKey, Refusal, Route, ServicePortPlan, SourceMatch, Unrouted,
 };
 pub use state::{Change, Changes, ClusterState, ServiceEndpoint};

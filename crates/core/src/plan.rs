@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -126,6 +127,12 @@ pub struct Frontend {
     pub unrouted: Unrouted,
 }
 
+/// A list of endpoint addresses in a plan, shared rather than copied: the plan keeps every
+/// port's lists until its Service changes, a backend's record of what it wrote can hold
+/// the same lists, and a port's serving endpoints are usually its cluster endpoints (at
+/// 10k Services x 10 endpoints each copy was ~3 MiB).
+pub type Endpoints = Arc<[SocketAddr]>;
+
 /// Everything one service port needs on this node, for one IP family.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServicePortPlan {
@@ -133,11 +140,11 @@ pub struct ServicePortPlan {
     pub family: IpFamily,
     pub protocol: Protocol,
     pub frontends: Vec<Frontend>,
-    pub cluster_endpoints: Vec<SocketAddr>,
-    pub local_endpoints: Vec<SocketAddr>,
+    pub cluster_endpoints: Endpoints,
+    pub local_endpoints: Endpoints,
     /// Every serving endpoint of this family, whatever policy, topology or termination
     /// says: conntrack flows to these stay valid (UDP keeps behaving like TCP).
-    pub serving_endpoints: Vec<SocketAddr>,
+    pub serving_endpoints: Endpoints,
     pub affinity: Option<ClientIpAffinity>,
     /// How `Unrouted::Reject` refuses on this port.
     pub refusal: Refusal,
@@ -149,6 +156,11 @@ pub struct ServicePortPlan {
 
 impl ServicePortPlan {
     pub fn endpoints(&self, set: EndpointSetKind) -> &[SocketAddr] {
+        self.shared_endpoints(set)
+    }
+
+    /// The list of one set itself, for a backend that keeps it without copying.
+    pub fn shared_endpoints(&self, set: EndpointSetKind) -> &Endpoints {
         match set {
             EndpointSetKind::Cluster => &self.cluster_endpoints,
             EndpointSetKind::Local => &self.local_endpoints,
@@ -413,6 +425,10 @@ fn plan_service(
             let selection = select_endpoints(service, &of_family, node);
             let frontends = plan_frontends(service, port.port, port.node_port, family, &selection, plan);
             let key = PlanKey { family, name: name.clone() };
+            let cluster_endpoints: Endpoints = selection.cluster.into();
+            let serving: Vec<SocketAddr> = of_family.iter().filter(|e| e.endpoint.serving).map(|e| e.address).collect();
+            let serving_endpoints =
+                if *serving == *cluster_endpoints { Arc::clone(&cluster_endpoints) } else { serving.into() };
             out.insert(
                 key,
                 ServicePortPlan {
@@ -420,11 +436,9 @@ fn plan_service(
                     family,
                     protocol: port.protocol,
                     frontends: exactly_sized(frontends),
-                    cluster_endpoints: exactly_sized(selection.cluster),
-                    local_endpoints: exactly_sized(selection.local),
-                    serving_endpoints: exactly_sized(
-                        of_family.iter().filter(|e| e.endpoint.serving).map(|e| e.address).collect(),
-                    ),
+                    cluster_endpoints,
+                    local_endpoints: selection.local.into(),
+                    serving_endpoints,
                     affinity: service.session_affinity,
                     refusal: Refusal::for_protocol(port.protocol),
                     masquerade_hairpin: true,
@@ -635,6 +649,28 @@ mod tests {
             ]
         );
         assert_eq!(cluster_ip.unrouted, Unrouted::Unreachable);
+    }
+
+    #[test]
+    fn a_port_whose_endpoints_all_serve_keeps_one_list_for_its_cluster_and_serving_endpoints() {
+        let plan = plan_of(service(ServiceType::ClusterIp), &[("198.18.129.2", "node1"), ("198.18.130.2", "node2")]);
+        assert_eq!(plan.cluster_endpoints.len(), 2);
+        assert!(Arc::ptr_eq(&plan.cluster_endpoints, &plan.serving_endpoints));
+    }
+
+    #[test]
+    fn a_terminating_endpoint_that_still_serves_is_in_the_serving_list_only() {
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(service(ServiceType::ClusterIp)));
+        let mut with_terminating = slice(&[("198.18.129.2", "node1"), ("198.18.130.2", "node2")]);
+        let leaving = &mut with_terminating.endpoints[1];
+        (leaving.ready, leaving.serving, leaving.terminating) = (false, true, true);
+        state.apply(Change::SliceUpserted(with_terminating));
+        let plan = NodePlan::build(&state, config());
+        let port = plan.service_ports.values().next().unwrap();
+        let address = |ip: &str| SocketAddr::new(ip.parse().unwrap(), 8080);
+        assert_eq!(*port.cluster_endpoints, [address("198.18.129.2")]);
+        assert_eq!(*port.serving_endpoints, [address("198.18.129.2"), address("198.18.130.2")]);
     }
 
     #[test]

@@ -293,7 +293,8 @@ pub fn services_view(plan: &NodePlan, state: &ClusterState) -> Vec<Value> {
     let mut ports = Vec::with_capacity(plan.service_ports.len());
     for port in plan.service_ports.values() {
         let known = state.endpoints_for(&port.name);
-        let used: BTreeSet<SocketAddr> = port.cluster_endpoints.iter().chain(&port.local_endpoints).copied().collect();
+        let used: BTreeSet<SocketAddr> =
+            port.cluster_endpoints.iter().chain(port.local_endpoints.iter()).copied().collect();
         let mut endpoints: BTreeMap<SocketAddr, Value> = BTreeMap::new();
         for endpoint in known.iter().filter(|e| e.address.is_ipv4() == (port.family == svcplane_core::IpFamily::V4)) {
             let conditions = &endpoint.endpoint;
