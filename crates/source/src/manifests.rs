@@ -171,6 +171,15 @@ impl ObjectName {
             NameText::Boxed(name) => name,
         }
     }
+
+    /// The name's bytes, without the UTF-8 check [`Self::as_str`] makes: comparing and
+    /// ordering names (the store's maps do it for every object it holds) need no more.
+    fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            NameText::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            NameText::Boxed(name) => name.as_bytes(),
+        }
+    }
 }
 
 impl std::ops::Deref for ObjectName {
@@ -189,7 +198,7 @@ impl AsRef<str> for ObjectName {
 
 impl PartialEq for ObjectName {
     fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
+        self.as_bytes() == other.as_bytes()
     }
 }
 
@@ -202,14 +211,17 @@ impl PartialOrd for ObjectName {
 }
 
 impl Ord for ObjectName {
+    /// As the text orders: `str` orders byte by byte.
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.as_str().cmp(other.as_str())
+        self.as_bytes().cmp(other.as_bytes())
     }
 }
 
 impl std::hash::Hash for ObjectName {
+    /// As the text hashes (`str` writes its bytes and a 0xff end marker).
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state);
+        state.write(self.as_bytes());
+        state.write_u8(0xff);
     }
 }
 
