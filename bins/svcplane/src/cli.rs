@@ -772,6 +772,25 @@ mod tests {
     }
 
     #[test]
+    fn every_option_a_full_bpf_map_error_names_is_an_option_of_the_proxy() {
+        use clap::Parser;
+        let options: std::collections::BTreeSet<&str> = [
+            svcplane_bpf::maps::SERVICES_MAP,
+            svcplane_bpf::maps::BACKENDS_MAP,
+            svcplane_bpf::maps::AFFINITY_MAP,
+            svcplane_bpf::maps::CT_MAP,
+        ]
+        .into_iter()
+        .map(|map| svcplane_bpf::upgrade::size_option(map).expect("a sized map"))
+        .collect();
+        assert_eq!(options.len(), 4, "one option per size");
+        for option in options {
+            let parsed = Cli::try_parse_from(["svcplane", "proxy", option, "1000"]);
+            assert!(parsed.is_ok(), "{option}: {:?}", parsed.err());
+        }
+    }
+
+    #[test]
     fn an_explain_destination_is_an_address_a_port_and_a_protocol() {
         use svcplane_core::Protocol;
         assert_eq!(parse_destination("198.19.0.10:80/tcp"), Ok(("198.19.0.10:80".parse().unwrap(), Protocol::Tcp)));

@@ -279,8 +279,10 @@ fn a_service_that_does_not_fit_the_maps_is_refused_whole_shown_in_metrics_and_th
     assert!(full.is_some(), "the services map is reported full\n{}", cluster.diagnostics());
     let log = cluster.proxy_log(THIS_NODE);
     assert!(
-        log.contains("BPF map svcplane_services is full") && log.contains(&format!("{capacity} entries")),
-        "the failed sync names the map and its size\n{log}"
+        log.contains("BPF map svcplane_services is full")
+            && log.contains(&format!("{capacity} entries"))
+            && log.contains("`svcplane proxy --bpf-map-services`"),
+        "the failed sync names the map, its size and the option that raises it\n{log}"
     );
     assert_eq!(
         map_gauge(&cluster, THIS_NODE, "svcplane_dataplane_table_entries", SERVICES),

@@ -33,7 +33,7 @@ pub enum BpfError {
     },
     #[error("BPF map {map} is missing from the object")]
     MissingMap { map: &'static str },
-    #[error("BPF map {map} is full ({capacity} entries): raise its size")]
+    #[error("BPF map {map} is full ({capacity} entries): raise its size{}", crate::upgrade::size_option(map).map(|option| format!(" (`svcplane proxy {option}`)")).unwrap_or_default())]
     MapFull { map: &'static str, capacity: u32 },
     #[error("cgroup v2 directory {path}: {what}")]
     Cgroup {

@@ -129,6 +129,22 @@ pub(crate) const SIZED_MAPS: [&str; 9] = {
     ]
 };
 
+/// The `svcplane proxy` option that sizes map `name` (the [`MapSizes`] field [`sized`]
+/// reads for it), for messages that tell an operator what to raise.
+pub fn size_option(name: &str) -> Option<&'static str> {
+    use crate::maps::{
+        AFFINITY_MAP, BACKENDS_MAP, COUNTERS_MAP, CT_MAP, LIVE_MAP, PORT_NAMES_MAP, SERVICES_MAP, TCP_REV_MAP,
+        UDP_FLOWS_MAP,
+    };
+    match name {
+        SERVICES_MAP | PORT_NAMES_MAP => Some("--bpf-map-services"),
+        BACKENDS_MAP | LIVE_MAP | COUNTERS_MAP => Some("--bpf-map-backends"),
+        AFFINITY_MAP => Some("--bpf-map-affinity"),
+        UDP_FLOWS_MAP | CT_MAP | TCP_REV_MAP => Some("--bpf-map-sockets"),
+        _ => None,
+    }
+}
+
 /// The capacity this crate gives map `name` for `sizes` (what the loader passes as
 /// `map_max_entries`), if it sets one. The sync counts entries against the same figures.
 pub fn sized(name: &str, sizes: MapSizes) -> Option<u32> {
@@ -258,6 +274,27 @@ pub fn pinned_map_id(pin: &Path) -> Result<u32, BpfError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_sized_map_names_the_option_whose_size_field_it_follows() {
+        let sizes = MapSizes { services: 1000, backends: 2000, affinity: 300, reverse: 4000 };
+        for map in SIZED_MAPS {
+            let option = size_option(map).unwrap_or_else(|| panic!("{map} names no option"));
+            let raised = match option {
+                "--bpf-map-services" => MapSizes { services: 1001, ..sizes },
+                "--bpf-map-backends" => MapSizes { backends: 2001, ..sizes },
+                "--bpf-map-affinity" => MapSizes { affinity: 301, ..sizes },
+                "--bpf-map-sockets" => MapSizes { reverse: 4001, ..sizes },
+                other => panic!("{map}: {other} is not an option of svcplane proxy"),
+            };
+            assert_eq!(sized(map, raised), sized(map, sizes).map(|capacity| capacity + 1), "{map} follows {option}");
+        }
+        let full = BpfError::MapFull { map: crate::maps::BACKENDS_MAP, capacity: 2000 };
+        assert_eq!(
+            full.to_string(),
+            "BPF map svcplane_backends is full (2000 entries): raise its size (`svcplane proxy --bpf-map-backends`)"
+        );
+    }
 
     #[test]
     fn the_identity_changes_with_the_map_sizes() {
