@@ -63,6 +63,16 @@ struct Size {
     endpoints: usize,
 }
 
+/// eBPF mode's map sizes for a cluster of `size`: its maps have fixed capacities (131,072
+/// endpoint slots by default, fewer than 5k x 50 or 30k x 10 need), and a first sync that
+/// does not fit is refused whole, as an operator running that many would size them too.
+/// Room for every endpoint, the marker's and a quarter more, as a power of two.
+fn ebpf_map_sizes(size: Size) -> Vec<String> {
+    let default = 131_072;
+    let backends = (size.services * size.endpoints * 5 / 4).next_power_of_two().max(default);
+    vec!["--bpf-map-backends".to_owned(), backends.to_string()]
+}
+
 /// The proxy modes the harness can start: nftables (the reference) and eBPF, whose maps
 /// are its rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,7 +184,7 @@ impl Proxy {
     /// by this build's `svcplane cleanup` whatever build is measured: an older build's
     /// cleanup listed tables through the `nft` command, which at 10k Services outlasted
     /// the lab's command timeout and left the rules in place.
-    fn svcplane(kube: &KubeLab, label: &str, binary: &str, mode: ProxyMode, bpf_root: &Path) -> Self {
+    fn svcplane(kube: &KubeLab, label: &str, binary: &str, mode: ProxyMode, bpf_root: &Path, size: Size) -> Self {
         let mut args = proxy_args(kube);
         let mut cleanup = vec![env!("CARGO_BIN_EXE_svcplane").to_owned(), "cleanup".to_owned()];
         match mode {
@@ -187,6 +197,7 @@ impl Proxy {
                     ["--cgroup-path".to_owned(), cgroup, "--bpf-root".to_owned(), bpf_root.display().to_string()];
                 args.extend(["--mode".to_owned(), "ebpf".to_owned()]);
                 args.extend(attachment.iter().cloned());
+                args.extend(ebpf_map_sizes(size));
                 cleanup.extend(attachment);
                 Self {
                     label: format!("{label} (ebpf)"),
@@ -387,7 +398,7 @@ fn run_size(
     let mut proxies: Vec<Proxy> = binaries()
         .iter()
         .flat_map(|(label, binary)| {
-            modes.iter().map(|mode| Proxy::svcplane(&kube, label, binary, *mode, bpf_root.path()))
+            modes.iter().map(|mode| Proxy::svcplane(&kube, label, binary, *mode, bpf_root.path(), size))
         })
         .collect();
     proxies.extend(Proxy::upstream(&kube, upstream));
