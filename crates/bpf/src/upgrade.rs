@@ -129,39 +129,63 @@ pub(crate) const SIZED_MAPS: [&str; 9] = {
     ]
 };
 
+/// Which [`MapSizes`] field sizes a map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SizeField {
+    Services,
+    Backends,
+    Affinity,
+    Reverse,
+}
+
+impl SizeField {
+    fn of(name: &str) -> Option<Self> {
+        use crate::maps::{
+            AFFINITY_MAP, BACKENDS_MAP, COUNTERS_MAP, CT_MAP, LIVE_MAP, PORT_NAMES_MAP, SERVICES_MAP, TCP_REV_MAP,
+            UDP_FLOWS_MAP,
+        };
+        match name {
+            // A service port has a frontend in every scope, so there are fewer ports than
+            // frontends.
+            SERVICES_MAP | PORT_NAMES_MAP => Some(Self::Services),
+            // Serving endpoints per service port are about as many as backend slots.
+            BACKENDS_MAP | LIVE_MAP | COUNTERS_MAP => Some(Self::Backends),
+            AFFINITY_MAP => Some(Self::Affinity),
+            UDP_FLOWS_MAP | CT_MAP | TCP_REV_MAP => Some(Self::Reverse),
+            _ => None,
+        }
+    }
+
+    fn capacity(self, sizes: MapSizes) -> u32 {
+        match self {
+            Self::Services => sizes.services,
+            Self::Backends => sizes.backends,
+            Self::Affinity => sizes.affinity,
+            Self::Reverse => sizes.reverse,
+        }
+    }
+
+    /// The `svcplane proxy` option that sets the field.
+    fn option(self) -> &'static str {
+        match self {
+            Self::Services => "--bpf-map-services",
+            Self::Backends => "--bpf-map-backends",
+            Self::Affinity => "--bpf-map-affinity",
+            Self::Reverse => "--bpf-map-sockets",
+        }
+    }
+}
+
 /// The `svcplane proxy` option that sizes map `name` (the [`MapSizes`] field [`sized`]
 /// reads for it), for messages that tell an operator what to raise.
 pub fn size_option(name: &str) -> Option<&'static str> {
-    use crate::maps::{
-        AFFINITY_MAP, BACKENDS_MAP, COUNTERS_MAP, CT_MAP, LIVE_MAP, PORT_NAMES_MAP, SERVICES_MAP, TCP_REV_MAP,
-        UDP_FLOWS_MAP,
-    };
-    match name {
-        SERVICES_MAP | PORT_NAMES_MAP => Some("--bpf-map-services"),
-        BACKENDS_MAP | LIVE_MAP | COUNTERS_MAP => Some("--bpf-map-backends"),
-        AFFINITY_MAP => Some("--bpf-map-affinity"),
-        UDP_FLOWS_MAP | CT_MAP | TCP_REV_MAP => Some("--bpf-map-sockets"),
-        _ => None,
-    }
+    SizeField::of(name).map(SizeField::option)
 }
 
 /// The capacity this crate gives map `name` for `sizes` (what the loader passes as
 /// `map_max_entries`), if it sets one. The sync counts entries against the same figures.
 pub fn sized(name: &str, sizes: MapSizes) -> Option<u32> {
-    use crate::maps::{
-        AFFINITY_MAP, BACKENDS_MAP, COUNTERS_MAP, CT_MAP, LIVE_MAP, PORT_NAMES_MAP, SERVICES_MAP, TCP_REV_MAP,
-        UDP_FLOWS_MAP,
-    };
-    match name {
-        // A service port has a frontend in every scope, so there are fewer ports than
-        // frontends.
-        SERVICES_MAP | PORT_NAMES_MAP => Some(sizes.services),
-        // Serving endpoints per service port are about as many as backend slots.
-        BACKENDS_MAP | LIVE_MAP | COUNTERS_MAP => Some(sizes.backends),
-        AFFINITY_MAP => Some(sizes.affinity),
-        UDP_FLOWS_MAP | CT_MAP | TCP_REV_MAP => Some(sizes.reverse),
-        _ => None,
-    }
+    SizeField::of(name).map(|field| field.capacity(sizes))
 }
 
 /// The pinned maps of `object` with the layout this build gives them.

@@ -105,13 +105,12 @@ fn main() {
     let mut routes = 0usize;
     for port in plan.service_ports.values() {
         // A list shared by two fields (serving = cluster, the usual case) is counted once.
-        let mut seen: Vec<*const std::net::SocketAddr> = Vec::new();
-        for list in [&port.cluster_endpoints, &port.local_endpoints, &port.serving_endpoints] {
-            if !list.is_empty() && seen.contains(&list.as_ptr()) {
+        let lists = [&port.cluster_endpoints, &port.local_endpoints, &port.serving_endpoints];
+        for (i, list) in lists.iter().enumerate() {
+            if lists[..i].iter().any(|earlier| std::sync::Arc::ptr_eq(earlier, list)) {
                 shared_lists += 1;
                 continue;
             }
-            seen.push(list.as_ptr());
             endpoint_bytes += list.len() * size_of::<std::net::SocketAddr>();
         }
         for frontend in &port.frontends {
