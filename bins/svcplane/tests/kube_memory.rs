@@ -68,7 +68,7 @@ struct Size {
 /// does not fit is refused whole, as an operator running that many would size them too.
 /// Room for every endpoint, the marker's and a quarter more, as a power of two.
 fn ebpf_map_sizes(size: Size) -> Vec<String> {
-    let default = 131_072;
+    let default = svcplane_bpf::MapSizes::default().backends as usize;
     let backends = (size.services * size.endpoints * 5 / 4).next_power_of_two().max(default);
     vec!["--bpf-map-backends".to_owned(), backends.to_string()]
 }
