@@ -396,6 +396,10 @@ fn kernel_transaction_failures_keep_the_rules_whole_back_off_and_converge_in_nft
     let pod = scenarios::OTHER_NODE_ECHO_PODS[0];
     // The kernel refuses two transactions in a row: nothing of either applies.
     fault_then_converge(&cluster, "nftables", &["refused", "refused"], pod, false, true);
+    // Replacing the table would unhook its nat chains for an instant (a new UDP flow then
+    // kept no DNAT and the NodePort refused it): a refusal over a missing object is retried
+    // in place.
+    assert!(!cluster.proxy_log(THIS_NODE).contains("replacing svcplane's tables"), "{}", cluster.proxy_log(THIS_NODE));
     // The netlink socket is closed under the proxy: it opens a new one.
     fault_then_converge(&cluster, "nftables", &["socket-closed"], pod, true, true);
     // The kernel applied the transaction but its answer was lost: the retry, a full sync,

@@ -61,10 +61,13 @@ pub struct NftablesBackend<N> {
     /// The node-port CIDRs the base objects were written with; a change rewrites all.
     written_node_port_cidrs: Option<BTreeMap<IpFamily, Vec<IpNet>>>,
     needs_full_sync: bool,
-    /// The last in-place full sync failed (a set or chain exists with a definition the
-    /// kernel will not change in place, e.g. after an upgrade): the next one deletes the
-    /// table and writes it anew.
+    /// The next full sync deletes the table and writes it anew: the last in-place full sync
+    /// was refused over what the table holds (a set or chain exists with a definition the
+    /// kernel will not change in place, e.g. after an upgrade), or two failed in a row.
     replace_table: bool,
+    /// The last full sync, in place, failed for a reason replacing the table does not cure
+    /// (the socket, a missing object); a second such failure replaces the table anyway.
+    in_place_failed: bool,
     drift_check_interval: Duration,
     last_drift_check: Option<Instant>,
     /// Per-endpoint `counter` statements in the DNAT rules (on by default).
@@ -210,6 +213,17 @@ fn render_tables(plan: &NodePlan, families: &[IpFamily], counting: bool, tables:
         }
     }
     out
+}
+
+/// Whether a refused full sync in place may succeed as a replacement of the table: the kernel
+/// objected to a definition, a reference or a use of what the table holds. A missing object
+/// (every set and chain is added before use) or a failed socket is not about the table.
+fn replacing_may_cure(error: &NftError) -> bool {
+    use svcplane_nft::ErrorKind;
+    match error.kind() {
+        ErrorKind::Invalid | ErrorKind::Exists | ErrorKind::InUse | ErrorKind::Refused => true,
+        ErrorKind::NotFound | ErrorKind::Io => false,
+    }
 }
 
 /// Orders a from-scratch list of operations so that it also replaces whatever the table
@@ -360,6 +374,7 @@ impl<N: Nftables> NftablesBackend<N> {
             written_node_port_cidrs: None,
             needs_full_sync: true,
             replace_table: false,
+            in_place_failed: false,
             drift_check_interval: DEFAULT_DRIFT_CHECK_INTERVAL,
             last_drift_check: None,
             counting: true,
@@ -506,6 +521,10 @@ impl<N: Nftables> NftablesBackend<N> {
             self.remove_moved_objects(&mut rendered, tables, plan, changed);
         }
         if self.replace_table {
+            warn!(
+                tables = rendered.len(),
+                "full sync: replacing svcplane's tables, since the last in-place sync was refused"
+            );
             for RenderedTable { transaction, .. } in &mut rendered {
                 transaction.operations.splice(0..0, [Operation::AddTable { comment: None }, Operation::DeleteTable]);
             }
@@ -518,7 +537,12 @@ impl<N: Nftables> NftablesBackend<N> {
         for RenderedTable { family, transaction, .. } in &rendered {
             operations += transaction.operations.len();
             if let Err(source) = self.nft.apply(transaction) {
-                self.replace_table = true;
+                // Replacing the table unhooks and rehooks its nat chains in the commit, and a
+                // new flow meeting neither keeps no DNAT for its life (docs/reliability.md):
+                // so only when the refusal may be about what the table holds, or when an
+                // in-place retry failed too.
+                self.replace_table = self.replace_table || self.in_place_failed || replacing_may_cure(&source);
+                self.in_place_failed = !self.replace_table;
                 return Err(SyncError::Apply {
                     family: *family,
                     table: transaction.table.name.clone(),
@@ -541,6 +565,7 @@ impl<N: Nftables> NftablesBackend<N> {
         }
         self.tables = tables;
         self.replace_table = false;
+        self.in_place_failed = false;
         debug!(?render_time, apply_time = ?(started.elapsed() - render_time), operations, tables, "full sync");
         if !recorded {
             // The rules are in the kernel: the transactions go before the record is made, so

@@ -213,16 +213,25 @@ fn a_hairpin_element_stays_while_any_service_still_uses_the_endpoint() {
     assert!(!hairpin(&h));
 }
 
-/// A kernel that refuses the next transaction when told to.
+/// A kernel that refuses the next transactions with the errors it is given, one each.
 struct Flaky {
     inner: FakeNftables,
-    fail_next: bool,
+    failures: std::collections::VecDeque<NftError>,
+    /// For each transaction offered, refused or not: whether it deleted the table.
+    replaced_table: Vec<bool>,
+}
+
+impl Flaky {
+    fn new() -> Self {
+        Self { inner: FakeNftables::new(), failures: Default::default(), replaced_table: Vec::new() }
+    }
 }
 
 impl Nftables for Flaky {
     fn apply(&mut self, transaction: &Transaction) -> Result<(), NftError> {
-        if std::mem::take(&mut self.fail_next) {
-            return Err(NftError::Apply { table: transaction.table.clone(), message: "injected failure".into() });
+        self.replaced_table.push(transaction.operations.contains(&svcplane_nft::Operation::DeleteTable));
+        if let Some(error) = self.failures.pop_front() {
+            return Err(error);
         }
         self.inner.apply(transaction)
     }
@@ -242,14 +251,14 @@ impl Nftables for Flaky {
 
 #[test]
 fn a_failed_transaction_leaves_the_previous_ruleset_and_the_next_sync_is_full() {
-    let mut h = Harness::new(Flaky { inner: FakeNftables::new(), fail_next: false });
+    let mut h = Harness::new(Flaky::new());
     h.apply(vec![
         Change::ServiceUpserted(service("web", "198.19.0.10", ServiceType::ClusterIp)),
         Change::SliceUpserted(slice("web", &[("198.18.129.1", "node1")])),
     ])
     .unwrap();
     let before = h.backend.nftables().inner.dump();
-    h.backend_mut_fail();
+    h.fail_next_with(NftError::Apply { table: v4(), message: "injected failure".into() });
     let error = h.apply(vec![Change::SliceUpserted(slice("web", &[("198.18.129.2", "node1")]))]).unwrap_err();
     assert!(error.contains("injected failure"), "{error}");
     assert_eq!(h.backend.nftables().inner.dump(), before, "nothing was half-applied");
@@ -258,10 +267,67 @@ fn a_failed_transaction_leaves_the_previous_ruleset_and_the_next_sync_is_full() 
     assert_eq!(h.backend.nftables().inner.dump(), full_sync_dump(&h.state));
 }
 
+fn missing_chain() -> NftError {
+    NftError::NotFound { kind: svcplane_nft::ObjectKind::Chain, name: "svcplane-fault-injected".into() }
+}
+
+/// A harness whose last sync was refused, so that its next sync is a full one.
+fn refused_once(first: NftError) -> Harness<Flaky> {
+    let mut h = Harness::new(Flaky::new());
+    h.apply(vec![
+        Change::ServiceUpserted(service("web", "198.19.0.10", ServiceType::NodePort)),
+        Change::SliceUpserted(slice("web", &[("198.18.129.1", "node1")])),
+    ])
+    .unwrap();
+    h.fail_next_with(first);
+    h.apply(vec![Change::SliceUpserted(slice("web", &[("198.18.129.2", "node1")]))]).unwrap_err();
+    h
+}
+
 impl Harness<Flaky> {
-    fn backend_mut_fail(&mut self) {
-        self.backend.nftables_mut().fail_next = true;
+    fn fail_next_with(&mut self, error: NftError) {
+        self.backend.nftables_mut().failures.push_back(error);
     }
+
+    /// Runs the next sync (a retry: no new changes) and says whether it replaced the table.
+    fn retry_replaced_table(&mut self) -> Result<bool, String> {
+        let offered = self.backend.nftables().replaced_table.len();
+        let result = self.apply(Vec::new());
+        let replaced = self.backend.nftables().replaced_table[offered..].iter().any(|r| *r);
+        result.map(|report| {
+            assert!(report.full, "a retry after a refused sync is a full one");
+            replaced
+        })
+    }
+}
+
+#[test]
+fn a_full_sync_refused_for_a_missing_object_is_retried_in_place_keeping_the_nat_hooks() {
+    let mut h = refused_once(missing_chain());
+    h.fail_next_with(missing_chain());
+    assert!(h.retry_replaced_table().is_err(), "the injected refusal of the full sync");
+    assert_eq!(h.retry_replaced_table(), Ok(false), "the table, and its base chains' hooks, stay");
+    assert_eq!(h.backend.nftables().inner.dump(), full_sync_dump(&h.state));
+}
+
+#[test]
+fn a_full_sync_refused_over_a_definition_the_table_holds_replaces_the_table_on_retry() {
+    let mut h = refused_once(missing_chain());
+    h.fail_next_with(NftError::Exists { kind: svcplane_nft::ObjectKind::Set, name: "service-ips".into() });
+    assert!(h.retry_replaced_table().is_err());
+    assert_eq!(h.retry_replaced_table(), Ok(true));
+    assert_eq!(h.backend.nftables().inner.dump(), full_sync_dump(&h.state));
+}
+
+#[test]
+fn a_second_refused_full_sync_in_a_row_replaces_the_table_whatever_the_reason() {
+    let mut h = refused_once(missing_chain());
+    h.fail_next_with(missing_chain());
+    h.fail_next_with(missing_chain());
+    assert!(h.retry_replaced_table().is_err());
+    assert!(h.retry_replaced_table().is_err());
+    assert_eq!(h.retry_replaced_table(), Ok(true));
+    assert_eq!(h.backend.nftables().inner.dump(), full_sync_dump(&h.state));
 }
 
 mod traced_packets {
