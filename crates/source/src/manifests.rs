@@ -1039,9 +1039,7 @@ fn parse_yaml_document(file: &Arc<Path>, document: &Document<'_>, index: Option<
         Class::Object(kind) => {
             // Plain documents are read by the fast reader; anything it leaves, or whose value
             // does not decode, goes through the full parser (whose errors carry lines).
-            if let Some(value) = simple_yaml::parse(text)
-                && let Ok(object) = decode_object(kind, value)
-            {
+            if let Some(object) = decode_plain(kind, text) {
                 accept(object, position, out);
                 return;
             }
@@ -1072,6 +1070,18 @@ fn parse_yaml_document(file: &Arc<Path>, document: &Document<'_>, index: Option<
 }
 
 /// An object of `kind` from its JSON value.
+/// A plain document read by the fast reader into its object, `None` when the reader gives
+/// up or the object does not decode (the full parser then reads it and names the error).
+fn decode_plain(kind: ObjectKind, text: &str) -> Option<AnyObject> {
+    Some(match kind {
+        ObjectKind::Service => AnyObject::Service(Box::new(simple_yaml::decode(text)?)),
+        ObjectKind::Pod => AnyObject::Pod(Box::new(simple_yaml::decode(text)?)),
+        ObjectKind::Node => AnyObject::Node(Box::new(simple_yaml::decode(text)?)),
+        ObjectKind::EndpointSlice => AnyObject::Slice(Box::new(simple_yaml::decode(text)?)),
+        ObjectKind::LoadBalancerIPPool => AnyObject::Pool(Box::new(simple_yaml::decode(text)?)),
+    })
+}
+
 fn decode_object(kind: ObjectKind, value: Value) -> Result<AnyObject, Failure> {
     Ok(match kind {
         ObjectKind::Service => AnyObject::Service(Box::new(decode_value(value)?)),
@@ -1303,21 +1313,66 @@ spec:
         let service = "apiVersion: v1\nkind: Service\nmetadata:\n  name: svc-1\n  namespace: bench\nspec:\n  type: NodePort\n  clusterIP: 198.19.0.16\n  selector:\n    app: svc-1\n  ports:\n    - name: http\n      protocol: TCP\n      port: 80\n      targetPort: 8080\n    - name: named\n      port: 81\n      targetPort: http\n";
         let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: svc-1-0\n  namespace: bench\n  uid: u-1\n  labels:\n    app: svc-1\n  deletionTimestamp: 2026-01-01T00:00:00Z\nspec:\n  nodeName: node2\n  hostname: a\n  containers:\n  - name: app\n    image: bench\n    ports:\n    - name: http\n      containerPort: 8080\nstatus:\n  phase: Running\n  podIP: 198.18.160.1\n  podIPs:\n    - ip: 198.18.160.1\n  conditions:\n    - type: Ready\n      status: \"True\"\n";
         let slice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  labels:\n    kubernetes.io/service-name: web\naddressType: IPv4\nports:\n  - port: 8080\nendpoints:\n  - addresses:\n      - 198.18.0.2\n    conditions:\n      ready: true\n";
-        let service_fast = decode_object(ObjectKind::Service, simple_yaml::parse(service).unwrap()).unwrap();
+        let service_fast = decode_plain(ObjectKind::Service, service).unwrap();
         let service_full = AnyObject::Service(Box::new(parse_yaml(service).unwrap()));
         assert_eq!(service_fast, service_full);
-        let pod_fast = decode_object(ObjectKind::Pod, simple_yaml::parse(pod).unwrap()).unwrap();
+        let pod_fast = decode_plain(ObjectKind::Pod, pod).unwrap();
         let pod_full = AnyObject::Pod(Box::new(parse_yaml(pod).unwrap()));
         assert_eq!(pod_fast, pod_full);
-        let slice_fast = decode_object(ObjectKind::EndpointSlice, simple_yaml::parse(slice).unwrap()).unwrap();
+        let slice_fast = decode_plain(ObjectKind::EndpointSlice, slice).unwrap();
         let slice_full = AnyObject::Slice(Box::new(parse_yaml(slice).unwrap()));
         assert_eq!(slice_fast, slice_full);
     }
 
     #[test]
+    fn nulls_empty_values_negative_numbers_enums_and_unknown_fields_decode_as_the_yaml_parser_reads_them() {
+        let documents = [
+            (
+                ObjectKind::Service,
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  annotations: {}\n  labels:\n    b: '2'\n    a: \"1\"\nspec:\n  type: LoadBalancer\n  clusterIP:\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 30999\n  sessionAffinity: ClientIP\n  sessionAffinityConfig:\n    clientIP:\n      timeoutSeconds: 60\n  ports:\n  - port: 80\n    protocol: UDP\n  unknownField: ~\nstatus:\n  loadBalancer:\n    ingress:\n    - ip: 198.18.100.1\n",
+            ),
+            (
+                ObjectKind::Node,
+                "apiVersion: v1\nkind: Node\nmetadata:\n  name: node1\n  labels:\n    topology.kubernetes.io/zone: a\nspec:\n  unschedulable: true\n  podCIDRs: []\nstatus:\n  addresses:\n  - type: InternalIP\n    address: 198.18.0.11\n",
+            ),
+            (
+                ObjectKind::LoadBalancerIPPool,
+                "apiVersion: svcplane.io/v1alpha1\nkind: LoadBalancerIPPool\nmetadata:\n  name: lan\nspec:\n  blocks:\n  - start: 198.18.0.224\n    stop: 198.18.0.225\n",
+            ),
+            (
+                ObjectKind::Pod,
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers:\n  - name: app\n    ports:\n    - containerPort: 80\n      hostPort: -1\nstatus:\n  podIP:\n",
+            ),
+        ];
+        for (kind, text) in documents {
+            let full = match kind {
+                ObjectKind::Service => parse_yaml(text).map(|o| AnyObject::Service(Box::new(o))),
+                ObjectKind::Pod => parse_yaml(text).map(|o| AnyObject::Pod(Box::new(o))),
+                ObjectKind::Node => parse_yaml(text).map(|o| AnyObject::Node(Box::new(o))),
+                ObjectKind::EndpointSlice => parse_yaml(text).map(|o| AnyObject::Slice(Box::new(o))),
+                ObjectKind::LoadBalancerIPPool => parse_yaml(text).map(|o| AnyObject::Pool(Box::new(o))),
+            };
+            let full = full.unwrap_or_else(|failure| panic!("{text}: {}", failure.reason));
+            assert_eq!(decode_plain(kind, text), Some(full), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_plain_document_that_does_not_decode_is_left_to_the_yaml_parser() {
+        for text in [
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports:\n    - port: eighty\n",
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports:\n    - port: 99999999999\n",
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: 7\n",
+        ] {
+            assert!(simple_yaml::tree(text).is_some(), "{text}");
+            assert_eq!(decode_plain(ObjectKind::Service, text), None, "{text}");
+        }
+    }
+
+    #[test]
     fn a_plain_document_with_a_wrong_type_still_gets_the_yaml_parser_s_error_with_its_line() {
         let text = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports:\n    - name: http\n      port: eighty\n";
-        assert!(simple_yaml::parse(text).is_some(), "plain enough for the fast reader");
+        assert!(simple_yaml::tree(text).is_some(), "plain enough for the fast reader");
         let loaded = parse_manifest_text(Path::new("web.yaml"), text);
         let messages = messages(&loaded);
         assert_eq!(messages.len(), 1, "{messages:?}");

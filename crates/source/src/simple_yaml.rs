@@ -1,7 +1,8 @@
 //! A fast reader for the plainest YAML documents: block mappings and sequences of plain or
-//! simply quoted scalars, the way generated manifests are written. It either returns the
-//! document as a JSON value or gives up (`None`), and the caller then parses the document
-//! with the full YAML parser, as before; anything it is unsure about makes it give up.
+//! simply quoted scalars, the way generated manifests are written. It either reads the
+//! document into the caller's type or gives up (`None`), and the caller then parses the
+//! document with the full YAML parser, as before; anything it is unsure about makes it
+//! give up.
 //!
 //! Why: the full parser costs ~100 µs per small document, which at 110,000 documents (10k
 //! Services x 10 Pods) was most of a cold start. This reader costs a few microseconds.
@@ -16,11 +17,45 @@
 //!
 //! A plain scalar is typed as the YAML 1.2 core schema types it: `null` / `~` / empty,
 //! `true` / `false`, decimal integers; everything else that is not a float is a string. A
-//! caller decodes the value into its type and, if that fails, parses the document with the
-//! full parser, so a type this reader chose differently can only cost time, never change
-//! an answer or an error message.
+//! caller decodes the document into its type and, if that fails, parses the document with
+//! the full parser, so a type this reader chose differently can only cost time, never
+//! change an answer or an error message.
+//!
+//! The document is read into a [`Node`] tree that borrows its strings from the text, and
+//! the caller's type is deserialized from that tree the way it would be from the JSON value
+//! of the document (numbers, nulls, options and enums alike): no key or string is copied
+//! on the way, and a failed decode says only that the fast path does not apply.
 
-use serde_json::{Map, Value};
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, IntoDeserializer, Visitor};
+use serde::forward_to_deserialize_any;
+#[cfg(test)]
+use serde_json::Value;
+
+/// A plain document, its strings borrowed from the text. Mapping entries keep the
+/// document's order (keys are unique: a duplicate makes the reader give up).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Node<'a> {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Str(&'a str),
+    Seq(Vec<Node<'a>>),
+    Map(Vec<(&'a str, Node<'a>)>),
+}
+
+/// The document decoded into `T`, or `None` when it is not plain enough (see the module)
+/// or does not decode: the caller then asks the full parser, whose errors name lines.
+pub(crate) fn decode<'a, T: de::Deserialize<'a>>(text: &'a str) -> Option<T> {
+    T::deserialize(&tree(text)?).ok()
+}
+
+/// The document as a JSON value (tests compare it with the full parser's).
+#[cfg(test)]
+pub(crate) fn parse(text: &str) -> Option<Value> {
+    decode(text)
+}
 
 /// One non-blank, non-comment line: its indentation and its content.
 #[derive(Debug, Clone, Copy)]
@@ -29,8 +64,8 @@ struct Line<'a> {
     text: &'a str,
 }
 
-/// The document as a JSON value, or `None` when it is not plain enough (see the module).
-pub(crate) fn parse(text: &str) -> Option<Value> {
+/// The document's tree, or `None` when it is not plain enough (see the module).
+pub(crate) fn tree(text: &str) -> Option<Node<'_>> {
     let mut lines = Vec::new();
     for raw in text.lines() {
         if raw.contains('\t') || raw.ends_with('\r') {
@@ -59,7 +94,7 @@ pub(crate) fn parse(text: &str) -> Option<Value> {
 }
 
 /// The block node starting at line `at` (indented `indent`).
-fn node(lines: &mut [Line<'_>], at: &mut usize, indent: usize) -> Option<Value> {
+fn node<'a>(lines: &mut [Line<'a>], at: &mut usize, indent: usize) -> Option<Node<'a>> {
     if is_item(lines[*at].text) { sequence(lines, at, indent) } else { mapping(lines, at, indent) }
 }
 
@@ -67,8 +102,8 @@ fn is_item(text: &str) -> bool {
     text == "-" || text.starts_with("- ")
 }
 
-fn mapping(lines: &mut [Line<'_>], at: &mut usize, indent: usize) -> Option<Value> {
-    let mut map = Map::new();
+fn mapping<'a>(lines: &mut [Line<'a>], at: &mut usize, indent: usize) -> Option<Node<'a>> {
+    let mut map: Vec<(&'a str, Node<'a>)> = Vec::new();
     while let Some(&line) = lines.get(*at) {
         if line.indent < indent {
             break;
@@ -84,19 +119,20 @@ fn mapping(lines: &mut [Line<'_>], at: &mut usize, indent: usize) -> Option<Valu
             match lines.get(*at) {
                 Some(next) if next.indent > indent => node(lines, at, next.indent)?,
                 Some(next) if next.indent == indent && is_item(next.text) => sequence(lines, at, indent)?,
-                _ => Value::Null,
+                _ => Node::Null,
             }
         } else {
             scalar(rest)?
         };
-        if map.insert(key.to_owned(), value).is_some() {
+        if map.iter().any(|(seen, _)| *seen == key) {
             return None;
         }
+        map.push((key, value));
     }
-    Some(Value::Object(map))
+    Some(Node::Map(map))
 }
 
-fn sequence(lines: &mut [Line<'_>], at: &mut usize, indent: usize) -> Option<Value> {
+fn sequence<'a>(lines: &mut [Line<'a>], at: &mut usize, indent: usize) -> Option<Node<'a>> {
     let mut items = Vec::new();
     while let Some(&line) = lines.get(*at) {
         if line.indent < indent || (line.indent == indent && !is_item(line.text)) {
@@ -121,7 +157,7 @@ fn sequence(lines: &mut [Line<'_>], at: &mut usize, indent: usize) -> Option<Val
             items.push(scalar(item)?);
         }
     }
-    Some(Value::Array(items))
+    Some(Node::Seq(items))
 }
 
 /// `key: rest` or `key:` with a plain key; `None` when the line is not one.
@@ -136,22 +172,22 @@ fn split_key(text: &str) -> Option<(&str, &str)> {
     plain.then_some((key, rest))
 }
 
-fn scalar(text: &str) -> Option<Value> {
+fn scalar(text: &str) -> Option<Node<'_>> {
     let first = text.as_bytes()[0];
     match first {
         b'"' => {
             let inner = text.strip_prefix('"')?.strip_suffix('"')?;
-            return (!inner.contains(['"', '\\'])).then(|| Value::String(inner.to_owned()));
+            return (!inner.contains(['"', '\\'])).then_some(Node::Str(inner));
         }
         b'\'' => {
             let inner = text.strip_prefix('\'')?.strip_suffix('\'')?;
-            return (!inner.contains('\'')).then(|| Value::String(inner.to_owned()));
+            return (!inner.contains('\'')).then_some(Node::Str(inner));
         }
         _ => {}
     }
     match text {
-        "{}" => return Some(Value::Object(Map::new())),
-        "[]" => return Some(Value::Array(Vec::new())),
+        "{}" => return Some(Node::Map(Vec::new())),
+        "[]" => return Some(Node::Seq(Vec::new())),
         _ => {}
     }
     if b"-?:,[]{}#&*!|>%@`".contains(&first) && !(first == b'-' && text.len() > 1 && text.as_bytes()[1] != b' ') {
@@ -161,9 +197,9 @@ fn scalar(text: &str) -> Option<Value> {
         return None;
     }
     match text {
-        "~" | "null" | "Null" | "NULL" => return Some(Value::Null),
-        "true" | "True" | "TRUE" => return Some(Value::Bool(true)),
-        "false" | "False" | "FALSE" => return Some(Value::Bool(false)),
+        "~" | "null" | "Null" | "NULL" => return Some(Node::Null),
+        "true" | "True" | "TRUE" => return Some(Node::Bool(true)),
+        "false" | "False" | "FALSE" => return Some(Node::Bool(false)),
         _ => {}
     }
     let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
@@ -171,12 +207,12 @@ fn scalar(text: &str) -> Option<Value> {
         if digits.len() > 1 && digits.starts_with('0') {
             return None;
         }
-        return text.parse::<i64>().ok().map(Value::from);
+        return text.parse::<i64>().ok().map(Node::Int);
     }
     if looks_numeric(text) {
         return None;
     }
-    Some(Value::String(text.to_owned()))
+    Some(Node::Str(text))
 }
 
 /// Floats, `.inf` / `.nan`, octal and hexadecimal integers: left to the full parser.
@@ -199,6 +235,129 @@ fn looks_numeric(text: &str) -> bool {
         !e.is_empty() && digits(e)
     });
     mantissa_ok && exponent_ok
+}
+
+/// Why a tree did not decode into a type; only ever a reason to take the full parser.
+#[derive(Debug)]
+pub(crate) struct Mismatch(String);
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Mismatch {}
+
+impl de::Error for Mismatch {
+    fn custom<T: fmt::Display>(message: T) -> Self {
+        Mismatch(message.to_string())
+    }
+}
+
+/// Decodes as `serde_json::Value` does from the document's JSON value: non-negative
+/// integers as `u64`, `null` as unit or `None`, a string as a unit enum variant.
+impl<'de> de::Deserializer<'de> for &Node<'de> {
+    type Error = Mismatch;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Mismatch> {
+        match self {
+            Node::Null => visitor.visit_unit(),
+            Node::Bool(value) => visitor.visit_bool(*value),
+            Node::Int(value) => match u64::try_from(*value) {
+                Ok(value) => visitor.visit_u64(value),
+                Err(_) => visitor.visit_i64(*value),
+            },
+            Node::Str(text) => visitor.visit_borrowed_str(text),
+            Node::Seq(items) => {
+                let mut access = Items(items.iter());
+                let value = visitor.visit_seq(&mut access)?;
+                match access.0.len() {
+                    0 => Ok(value),
+                    left => Err(de::Error::invalid_length(items.len() - left, &"fewer elements in the sequence")),
+                }
+            }
+            Node::Map(entries) => {
+                let mut access = Entries { entries: entries.iter(), value: None };
+                let value = visitor.visit_map(&mut access)?;
+                match access.entries.len() {
+                    0 => Ok(value),
+                    left => Err(de::Error::invalid_length(entries.len() - left, &"fewer elements in the map")),
+                }
+            }
+        }
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Mismatch> {
+        match self {
+            Node::Null => visitor.visit_none(),
+            _ => visitor.visit_some(self),
+        }
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _: &'static str, visitor: V) -> Result<V::Value, Mismatch> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, Mismatch> {
+        match self {
+            Node::Str(variant) => visitor.visit_enum((*variant).into_deserializer()),
+            // Enums with content: left to the full parser.
+            _ => Err(de::Error::custom("a plain document's enums are unit variants")),
+        }
+    }
+
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Mismatch> {
+        visitor.visit_unit()
+    }
+
+    forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf unit
+        unit_struct seq tuple tuple_struct map struct identifier
+    }
+}
+
+struct Items<'n, 'de>(std::slice::Iter<'n, Node<'de>>);
+
+impl<'de> de::SeqAccess<'de> for Items<'_, 'de> {
+    type Error = Mismatch;
+
+    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, Mismatch> {
+        self.0.next().map(|item| seed.deserialize(item)).transpose()
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.0.len())
+    }
+}
+
+struct Entries<'n, 'de> {
+    entries: std::slice::Iter<'n, (&'de str, Node<'de>)>,
+    value: Option<&'n Node<'de>>,
+}
+
+impl<'de> de::MapAccess<'de> for Entries<'_, 'de> {
+    type Error = Mismatch;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Mismatch> {
+        let Some((key, value)) = self.entries.next() else { return Ok(None) };
+        self.value = Some(value);
+        seed.deserialize(de::value::BorrowedStrDeserializer::new(key)).map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, Mismatch> {
+        let value = self.value.take().ok_or_else(|| de::Error::custom("a value without its key"))?;
+        seed.deserialize(value)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.entries.len())
+    }
 }
 
 #[cfg(test)]
