@@ -13,9 +13,7 @@
 //! assigns load balancer addresses over all Services, as [`svcplane_controller::reconcile`]
 //! does.
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::hash::{Hash, Hasher};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
@@ -30,13 +28,13 @@ use crate::diff::PartialSnapshot;
 use crate::held::{HeldPod, ServiceRecord};
 use crate::manifests::{ObjectKind, ObjectRef};
 use crate::store::{DefinitionOrder, Held, Key, ManifestStore, ObjectChange};
+use crate::{FastMap, FastSet};
 
 /// `(namespace, label key, label value)` hashed: a posting-list key. A collision only adds
 /// candidates, which the full selector check then drops.
 fn label_key(namespace: &str, key: &str, value: &str) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    (namespace, key, value).hash(&mut hasher);
-    hasher.finish()
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::with_seed(0).hash_one((namespace, key, value))
 }
 
 /// What the incremental controller remembers between edits.
@@ -51,19 +49,19 @@ pub(crate) struct DeltaState {
     /// EndpointSlices written by hand (not ours).
     slices: BTreeMap<Key, Arc<Held>>,
     /// Pods by `(namespace, key, value)` of each label.
-    pods_by_label: HashMap<u64, HashSet<Key>>,
+    pods_by_label: FastMap<u64, FastSet<Key>>,
     /// Services with a selector by `(namespace, key, value)` of their selector's first label.
-    services_by_selector: HashMap<u64, BTreeSet<Key>>,
+    services_by_selector: FastMap<u64, BTreeSet<Key>>,
     /// Services as allocated: what the allocator wrote into each (see [`Allocated`]).
-    allocated: HashMap<Key, Allocated>,
+    allocated: FastMap<Key, Allocated>,
     /// With LoadBalancerIPPools: every allocated Service after load balancer assignment.
-    with_load_balancers: HashMap<Key, Box<Service>>,
+    with_load_balancers: FastMap<Key, Box<Service>>,
     /// Services refused by the allocator or the planner, with why.
     refused: BTreeMap<Key, Vec<ControllerError>>,
     load_balancer_problems: Vec<String>,
     /// The core names of the slices generated for each Service (sized to them: a `Vec`
     /// grown by pushes held room for four, 128 bytes a Service where one name takes 32).
-    generated: HashMap<Key, Box<[NamespacedName]>>,
+    generated: FastMap<Key, Box<[NamespacedName]>>,
     /// Whether the allocator has had its first, full pass.
     allocated_once: bool,
     /// Conversion problems, by the Service (with its generated slices) or hand-written slice.
@@ -325,7 +323,7 @@ impl DeltaState {
             let mut services: Vec<Service> = references.iter().filter_map(|r| self.allocated_service(r)).collect();
             self.load_balancer_problems =
                 if pools.is_empty() { Vec::new() } else { assign_load_balancers(&pools, &mut services, allocator) };
-            let mut with_load_balancers = HashMap::new();
+            let mut with_load_balancers = FastMap::default();
             for (reference, service) in references.into_iter().zip(services) {
                 let before = match self.with_load_balancers.get(&reference) {
                     Some(assigned) => Some(Service::clone(assigned)),

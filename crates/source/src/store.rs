@@ -23,6 +23,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use svcplane_controller::load_balancer::LoadBalancerIPPool;
 
+use crate::FastMap;
 use crate::held::{HeldPod, Interner, ServiceRecord};
 use crate::manifests::{
     AnyObject, Assembler, FileContents, Loaded, ManifestError, ObjectRef, ParsedObject, Position, Unit, Work, is_json,
@@ -138,7 +139,7 @@ pub struct Phases {
 #[derive(Debug, Default)]
 pub(crate) struct ManifestStore {
     files: BTreeMap<Arc<Path>, FileRecord>,
-    definitions: HashMap<Key, OneOrMany<Definition>>,
+    definitions: FastMap<Key, OneOrMany<Definition>>,
     /// Objects with more than one definition.
     duplicated: BTreeSet<Key>,
     listing_errors: Vec<ManifestError>,
@@ -340,7 +341,7 @@ impl ManifestStore {
         listing_errors: Vec<ManifestError>,
     ) -> Vec<ObjectChange> {
         self.listing_errors = listing_errors;
-        let mut before: HashMap<Key, Option<Arc<Held>>> = HashMap::new();
+        let mut before: FastMap<Key, Option<Arc<Held>>> = FastMap::default();
         for path in removed {
             if let Some(record) = self.files.remove(path.as_path()) {
                 let path: Arc<Path> = Arc::from(path);
@@ -396,7 +397,7 @@ impl ManifestStore {
         &mut self,
         paths: &[Arc<Path>],
         texts: Vec<Result<String, ManifestError>>,
-        before: &mut HashMap<Key, Option<Arc<Held>>>,
+        before: &mut FastMap<Key, Option<Arc<Held>>>,
     ) {
         // Decide document by document what to parse.
         let started = Instant::now();
@@ -510,7 +511,7 @@ impl ManifestStore {
         &mut self,
         path: &Arc<Path>,
         record: &FileRecord,
-        before: &mut HashMap<Key, Option<Arc<Held>>>,
+        before: &mut FastMap<Key, Option<Arc<Held>>>,
     ) -> Vec<Vec<Definition>> {
         let mut taken = Vec::with_capacity(record.documents());
         for index in 0..record.documents() {
@@ -639,7 +640,7 @@ impl ManifestStore {
     }
 }
 
-fn winner(definitions: &HashMap<Key, OneOrMany<Definition>>, reference: &ObjectRef) -> Option<Arc<Held>> {
+fn winner(definitions: &FastMap<Key, OneOrMany<Definition>>, reference: &ObjectRef) -> Option<Arc<Held>> {
     definitions.get(reference).and_then(OneOrMany::first).map(|d| Arc::clone(&d.object))
 }
 
