@@ -208,6 +208,7 @@ impl DeltaState {
         let mut slices_changed: Vec<Key> = Vec::new();
         let mut nodes_changed: Vec<Key> = Vec::new();
         let mut pools_changed = false;
+        let mut pods_changed: Vec<ObjectChange> = Vec::new();
         for (reference, old, new) in changes {
             match reference.kind {
                 ObjectKind::Service => {
@@ -224,9 +225,7 @@ impl DeltaState {
                     services_changed.insert(reference);
                 }
                 ObjectKind::Pod => {
-                    for pod in [old.as_deref(), new.as_deref()].into_iter().flatten().filter_map(Held::as_pod) {
-                        self.services_selecting(&reference.namespace, pod, &mut affected);
-                    }
+                    pods_changed.push((reference.clone(), old.clone(), new.clone()));
                     if let Some(pod) = old.as_deref().and_then(Held::as_pod) {
                         for (key, value) in pod.labels() {
                             let posting = label_key(&reference.namespace, key, value);
@@ -268,6 +267,20 @@ impl DeltaState {
                 }
             }
         }
+
+        // The Services selecting a changed Pod, before or after, are planned again. Looked up
+        // once the Services of this step are indexed: a Service whose selector changed is
+        // planned anyway, and the others select as they did. When every Service changed (a
+        // first read), all are planned and the lookup is skipped.
+        let unchanged_services = self.services.keys().any(|key| !services_changed.contains(key));
+        if unchanged_services {
+            for (reference, old, new) in &pods_changed {
+                for pod in [old.as_deref(), new.as_deref()].into_iter().flatten().filter_map(Held::as_pod) {
+                    self.services_selecting(&reference.namespace, pod, &mut affected);
+                }
+            }
+        }
+        drop(pods_changed);
 
         if !nodes_changed.is_empty() {
             self.node_list = self.nodes.values().filter_map(|o| o.as_node()).cloned().collect();
