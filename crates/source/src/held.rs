@@ -356,9 +356,36 @@ impl HeldPod {
         }
     }
 
-    /// A Pod with just the recorded fields (see [`PodRecord::to_pod`]).
+    /// A Pod with just the recorded fields (see [`PodRecord::to_pod`]), made without the
+    /// record in between: the planner asks for one per candidate Pod of every Service.
     pub(crate) fn to_pod(&self, namespace: &str, name: &str) -> Pod {
-        self.to_record(namespace, name).to_pod()
+        let (pod_ip, pod_ips) = match &self.addresses {
+            Addresses::None => (None, None),
+            Addresses::V4(octets) => {
+                let ip = std::net::Ipv4Addr::from(*octets).to_string();
+                (Some(ip.clone()), Some(vec![ip]))
+            }
+            Addresses::Other(fields) => {
+                let (pod_ip, pod_ips, pod_ips_is_pod_ip) = fields.as_ref();
+                let pod_ips = if *pod_ips_is_pod_ip {
+                    pod_ip.as_deref().map(|ip| vec![ip.to_owned()])
+                } else {
+                    (!pod_ips.is_empty()).then(|| pod_ips.iter().map(|ip| ip.to_string()).collect())
+                };
+                (pod_ip.as_deref().map(str::to_owned), pod_ips)
+            }
+        };
+        build_pod(PodParts {
+            name,
+            namespace,
+            labels: &self.labels,
+            node_name: self.placement.node_name.as_deref(),
+            phase: self.placement.phase.as_deref(),
+            rare: self.rare.as_deref(),
+            pod_ip,
+            pod_ips,
+            ready: self.ready,
+        })
     }
 
     pub(crate) fn labels(&self) -> impl Iterator<Item = (&str, &str)> {
@@ -456,61 +483,85 @@ impl PodRecord {
     /// A Pod with just the recorded fields: planning it gives the same slices as planning
     /// the Pod it was made from.
     pub(crate) fn to_pod(&self) -> Pod {
-        let text = |value: &Option<Box<str>>| value.as_deref().map(str::to_owned);
-        let shared = |value: &Option<Arc<str>>| value.as_deref().map(str::to_owned);
-        let labels: BTreeMap<String, String> =
-            self.labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect();
-        let rare = self.rare.as_deref().cloned().unwrap_or_default();
-        let ports: Vec<ContainerPort> = rare
-            .ports
-            .iter()
-            .map(|(name, protocol, port)| ContainerPort {
-                name: Some(name.to_string()),
-                protocol: text(protocol),
-                container_port: *port,
-                ..ContainerPort::default()
-            })
-            .collect();
-        let containers = if ports.is_empty() {
-            Vec::new()
+        let pod_ips = if self.pod_ips_is_pod_ip {
+            self.pod_ip.as_deref().map(|ip| vec![ip.to_owned()])
         } else {
-            vec![Container { name: "ports".to_owned(), ports: Some(ports), ..Container::default() }]
+            (!self.pod_ips.is_empty()).then(|| self.pod_ips.iter().map(|ip| ip.to_string()).collect())
         };
-        Pod {
-            metadata: ObjectMeta {
-                name: Some(self.name.to_string()),
-                namespace: Some(self.namespace.to_string()),
-                uid: text(&rare.uid),
-                labels: (!labels.is_empty()).then_some(labels),
-                deletion_timestamp: rare.deletion_timestamp.clone(),
-                ..ObjectMeta::default()
-            },
-            spec: Some(PodSpec {
-                node_name: shared(&self.node_name),
-                hostname: text(&rare.hostname),
-                subdomain: text(&rare.subdomain),
-                containers,
-                ..PodSpec::default()
+        build_pod(PodParts {
+            name: &self.name,
+            namespace: &self.namespace,
+            labels: &self.labels,
+            node_name: self.node_name.as_deref(),
+            phase: self.phase.as_deref(),
+            rare: self.rare.as_deref(),
+            pod_ip: self.pod_ip.as_deref().map(str::to_owned),
+            pod_ips,
+            ready: self.ready,
+        })
+    }
+}
+
+/// What a Pod with just the recorded fields is made of, borrowed from a record or a held
+/// Pod.
+struct PodParts<'a> {
+    name: &'a str,
+    namespace: &'a str,
+    labels: &'a [(Arc<str>, Arc<str>)],
+    node_name: Option<&'a str>,
+    phase: Option<&'a str>,
+    rare: Option<&'a RareFields>,
+    pod_ip: Option<String>,
+    pod_ips: Option<Vec<String>>,
+    ready: bool,
+}
+
+fn build_pod(parts: PodParts<'_>) -> Pod {
+    let PodParts { name, namespace, labels, node_name, phase, rare, pod_ip, pod_ips, ready } = parts;
+    let text = |value: &Option<Box<str>>| value.as_deref().map(str::to_owned);
+    let labels: BTreeMap<String, String> =
+        labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect();
+    let ports: Vec<ContainerPort> = rare
+        .map(|rare| &rare.ports[..])
+        .unwrap_or_default()
+        .iter()
+        .map(|(name, protocol, port)| ContainerPort {
+            name: Some(name.to_string()),
+            protocol: text(protocol),
+            container_port: *port,
+            ..ContainerPort::default()
+        })
+        .collect();
+    let containers = if ports.is_empty() {
+        Vec::new()
+    } else {
+        vec![Container { name: "ports".to_owned(), ports: Some(ports), ..Container::default() }]
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            uid: rare.and_then(|rare| text(&rare.uid)),
+            labels: (!labels.is_empty()).then_some(labels),
+            deletion_timestamp: rare.and_then(|rare| rare.deletion_timestamp.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: node_name.map(str::to_owned),
+            hostname: rare.and_then(|rare| text(&rare.hostname)),
+            subdomain: rare.and_then(|rare| text(&rare.subdomain)),
+            containers,
+            ..PodSpec::default()
+        }),
+        status: Some(PodStatus {
+            phase: phase.map(str::to_owned),
+            pod_ip,
+            pod_ips: pod_ips.map(|ips| ips.into_iter().map(|ip| PodIP { ip }).collect()),
+            conditions: ready.then(|| {
+                vec![PodCondition { type_: "Ready".to_owned(), status: "True".to_owned(), ..PodCondition::default() }]
             }),
-            status: Some(PodStatus {
-                phase: shared(&self.phase),
-                pod_ip: text(&self.pod_ip),
-                pod_ips: if self.pod_ips_is_pod_ip {
-                    self.pod_ip.as_deref().map(|ip| vec![PodIP { ip: ip.to_owned() }])
-                } else {
-                    (!self.pod_ips.is_empty())
-                        .then(|| self.pod_ips.iter().map(|ip| PodIP { ip: ip.to_string() }).collect())
-                },
-                conditions: self.ready.then(|| {
-                    vec![PodCondition {
-                        type_: "Ready".to_owned(),
-                        status: "True".to_owned(),
-                        ..PodCondition::default()
-                    }]
-                }),
-                ..PodStatus::default()
-            }),
-        }
+            ..PodStatus::default()
+        }),
     }
 }
 
@@ -606,6 +657,17 @@ mod tests {
                 "metadata": {"name": "c", "namespace": "shop", "labels": {"app": "web"}},
                 "spec": {"nodeName": "node-2", "containers": []},
                 "status": {"phase": "Succeeded", "podIP": "198.18.130.4"}
+            })),
+            pod(serde_json::json!({
+                "metadata": {"name": "d", "namespace": "shop", "labels": {"app": "web"}},
+                "spec": {"containers": []},
+                "status": {"phase": "Pending"}
+            })),
+            pod(serde_json::json!({
+                "metadata": {"name": "e", "namespace": "shop", "labels": {"app": "web"}},
+                "spec": {"nodeName": "node-1", "containers": []},
+                "status": {"podIP": "198.18.129.5", "podIPs": [{"ip": "198.18.129.5"}],
+                           "conditions": [{"type": "Ready", "status": "True"}]}
             })),
         ];
         let service = Service {
