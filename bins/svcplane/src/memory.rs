@@ -17,7 +17,11 @@
 //! MiB instead of 52-53 (peak ~158 against ~146); with one, fourteen of fourteen kept 52-54
 //! MiB (peak 142-143), the first sync 6 % later under load. The manifests feed parses on
 //! parallel threads, which one arena would serialize, so it keeps two (`docs/benchmarks.md`,
-//! "The API-mode starts that kept more").
+//! "The API-mode starts that kept more"); in eBPF mode three. There the feed's first read
+//! is the whole cold start, and with two arenas its two planning threads shared one arena
+//! in about one start of five (hundreds of thousands of futex calls, the controller step
+//! 0.75-0.85 s instead of ~0.33 s); a third arena ended that at no cost in RSS. nftables
+//! mode keeps two: there a third arena kept 10-15 MiB more after the sync's ruleset.
 
 use svcplane_sync::{AfterSync, Synced};
 
@@ -45,10 +49,14 @@ pub fn trim() {
 }
 
 /// How many malloc arenas `svcplane proxy` runs with: one fed by an API server (one watch
-/// thread decodes, one sync thread keeps the model), two for the manifests feed (its parse
-/// runs on parallel threads).
-pub fn proxy_arenas(source: &crate::cli::SourceArgs) -> i32 {
-    if source.manifests.is_some() { 2 } else { 1 }
+/// thread decodes, one sync thread keeps the model); for the manifests feed (its parse and
+/// planning run on parallel threads) two, three in eBPF mode (see the module).
+pub fn proxy_arenas(source: &crate::cli::SourceArgs, mode: crate::cli::Mode) -> i32 {
+    match (source.manifests.is_some(), mode) {
+        (false, _) => 1,
+        (true, crate::cli::Mode::Ebpf) => 3,
+        (true, _) => 2,
+    }
 }
 
 /// At most `arenas` malloc arenas for this process, unless `MALLOC_ARENA_MAX` says otherwise.
@@ -79,9 +87,11 @@ mod tests {
     }
 
     #[test]
-    fn the_proxy_runs_on_one_malloc_arena_fed_by_an_api_server_and_on_two_fed_by_manifests() {
-        assert_eq!(super::proxy_arenas(&proxy_source(&["--kubeconfig", "/nonexistent"])), 1);
-        assert_eq!(super::proxy_arenas(&proxy_source(&[])), 1, "in a Pod: the in-cluster config");
-        assert_eq!(super::proxy_arenas(&proxy_source(&["--manifests", "/nonexistent"])), 2);
+    fn the_proxy_runs_on_one_malloc_arena_fed_by_an_api_server_and_on_two_or_three_fed_by_manifests() {
+        use crate::cli::Mode;
+        assert_eq!(super::proxy_arenas(&proxy_source(&["--kubeconfig", "/nonexistent"]), Mode::Ebpf), 1);
+        assert_eq!(super::proxy_arenas(&proxy_source(&[]), Mode::Nftables), 1, "in a Pod: the in-cluster config");
+        assert_eq!(super::proxy_arenas(&proxy_source(&["--manifests", "/nonexistent"]), Mode::Nftables), 2);
+        assert_eq!(super::proxy_arenas(&proxy_source(&["--manifests", "/nonexistent"]), Mode::Ebpf), 3);
     }
 }

@@ -65,9 +65,10 @@ pub fn node_config_of(
 /// Programs the node and keeps it in sync until SIGTERM or SIGINT. The rules stay in place
 /// on exit, so traffic keeps flowing across a restart; `svcplane cleanup` removes them.
 pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
-    crate::memory::limit_arenas(crate::memory::proxy_arenas(&args.source));
     let Some((effective, args)) = prepare(args)? else { return Ok(()) };
     let args = &args;
+    // Before the first thread: arenas are handed out as threads first allocate.
+    crate::memory::limit_arenas(crate::memory::proxy_arenas(&args.source, args.mode));
     if args.kube_proxy.cleanup == Some(true) {
         return cleanup(&CleanupArgs { ebpf: args.ebpf.clone() });
     }
