@@ -370,7 +370,7 @@ impl HeldPod {
                 let pod_ips = if *pod_ips_is_pod_ip {
                     pod_ip.as_deref().map(|ip| vec![ip.to_owned()])
                 } else {
-                    (!pod_ips.is_empty()).then(|| pod_ips.iter().map(|ip| ip.to_string()).collect())
+                    (!pod_ips.is_empty()).then(|| pod_ips.iter().map(ToString::to_string).collect())
                 };
                 (pod_ip.as_deref().map(str::to_owned), pod_ips)
             }
@@ -486,7 +486,7 @@ impl PodRecord {
         let pod_ips = if self.pod_ips_is_pod_ip {
             self.pod_ip.as_deref().map(|ip| vec![ip.to_owned()])
         } else {
-            (!self.pod_ips.is_empty()).then(|| self.pod_ips.iter().map(|ip| ip.to_string()).collect())
+            (!self.pod_ips.is_empty()).then(|| self.pod_ips.iter().map(ToString::to_string).collect())
         };
         build_pod(PodParts {
             name: &self.name,
