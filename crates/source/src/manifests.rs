@@ -1043,14 +1043,7 @@ fn parse_yaml_document(file: &Arc<Path>, document: &Document<'_>, index: Option<
                 accept(object, position, out);
                 return;
             }
-            let decoded = match kind {
-                ObjectKind::Service => parse_yaml(text).map(|o| AnyObject::Service(Box::new(o))),
-                ObjectKind::Pod => parse_yaml(text).map(|o| AnyObject::Pod(Box::new(o))),
-                ObjectKind::Node => parse_yaml(text).map(|o| AnyObject::Node(Box::new(o))),
-                ObjectKind::EndpointSlice => parse_yaml(text).map(|o| AnyObject::Slice(Box::new(o))),
-                ObjectKind::LoadBalancerIPPool => parse_yaml(text).map(|o| AnyObject::Pool(Box::new(o))),
-            };
-            match decoded {
+            match parse_object(kind, text) {
                 Ok(object) => accept(object, position, out),
                 Err(failure) => {
                     // Name the object if its metadata at least can be read.
@@ -1070,6 +1063,17 @@ fn parse_yaml_document(file: &Arc<Path>, document: &Document<'_>, index: Option<
 }
 
 /// An object of `kind` from its JSON value.
+/// A document read by the full YAML parser into its object; errors name the field and line.
+fn parse_object(kind: ObjectKind, text: &str) -> Result<AnyObject, Failure> {
+    Ok(match kind {
+        ObjectKind::Service => AnyObject::Service(Box::new(parse_yaml(text)?)),
+        ObjectKind::Pod => AnyObject::Pod(Box::new(parse_yaml(text)?)),
+        ObjectKind::Node => AnyObject::Node(Box::new(parse_yaml(text)?)),
+        ObjectKind::EndpointSlice => AnyObject::Slice(Box::new(parse_yaml(text)?)),
+        ObjectKind::LoadBalancerIPPool => AnyObject::Pool(Box::new(parse_yaml(text)?)),
+    })
+}
+
 /// A plain document read by the fast reader into its object, `None` when the reader gives
 /// up or the object does not decode (the full parser then reads it and names the error).
 fn decode_plain(kind: ObjectKind, text: &str) -> Option<AnyObject> {
@@ -1345,14 +1349,7 @@ spec:
             ),
         ];
         for (kind, text) in documents {
-            let full = match kind {
-                ObjectKind::Service => parse_yaml(text).map(|o| AnyObject::Service(Box::new(o))),
-                ObjectKind::Pod => parse_yaml(text).map(|o| AnyObject::Pod(Box::new(o))),
-                ObjectKind::Node => parse_yaml(text).map(|o| AnyObject::Node(Box::new(o))),
-                ObjectKind::EndpointSlice => parse_yaml(text).map(|o| AnyObject::Slice(Box::new(o))),
-                ObjectKind::LoadBalancerIPPool => parse_yaml(text).map(|o| AnyObject::Pool(Box::new(o))),
-            };
-            let full = full.unwrap_or_else(|failure| panic!("{text}: {}", failure.reason));
+            let full = parse_object(kind, text).unwrap_or_else(|failure| panic!("{text}: {}", failure.reason));
             assert_eq!(decode_plain(kind, text), Some(full), "{text}");
         }
     }
