@@ -216,8 +216,16 @@ fn cleanup_removes_what_ipvs_mode_programmed(cluster: &mut Cluster) {
     let node = cluster.lab().node(THIS_NODE).namespace_name().to_owned();
     let before = cluster.lab().exec_ok(&node, &["ipset", "list", "-n"]).expect("ipset list");
     assert!(before.lines().any(|name| name == "KUBE-CLUSTER-IP"), "ipvs mode made its sets: {before}");
-    let services = cluster.lab().exec_ok(&node, &["cat", "/proc/net/ip_vs"]).expect("reading the IPVS table");
-    assert!(services.lines().any(|line| line.starts_with("FWM")), "firewall-mark services before cleanup: {services}");
+    // The mutating rows run last and put their Services back as they end; the sync of that
+    // last change may still be under way (an IPVS sync is many netlink requests, not one
+    // transaction: once CI read the table with the address services of an
+    // externalTrafficPolicy Local IP rewritten and its firewall-mark services not yet back).
+    let read = || cluster.lab().exec_ok(&node, &["cat", "/proc/net/ip_vs"]).expect("reading the IPVS table");
+    let marked = scenarios::eventually(Duration::from_secs(60), || {
+        let services = read();
+        services.lines().any(|line| line.starts_with("FWM")).then_some(())
+    });
+    assert!(marked.is_some(), "firewall-mark services before cleanup: {}\n{}", read(), cluster.diagnostics());
     cluster.stop_proxy(THIS_NODE);
     let lab = cluster.lab();
     let started = std::time::Instant::now();
