@@ -20,7 +20,7 @@
 //! "The API-mode starts that kept more"); in eBPF mode three. There the feed's first read
 //! is the whole cold start, and with two arenas its two planning threads shared one arena
 //! in about one start of five (hundreds of thousands of futex calls, the controller step
-//! 0.75-0.85 s instead of ~0.33 s); a third arena ended that at no cost in RSS. nftables
+//! 0.75-0.85 s instead of ~0.33 s); a third arena ended that for ~4 MiB of RSS. nftables
 //! mode keeps two: there a third arena kept 10-15 MiB more after the sync's ruleset.
 
 use svcplane_sync::{AfterSync, Synced};

@@ -359,21 +359,10 @@ impl HeldPod {
     /// A Pod with just the recorded fields (see [`PodRecord::to_pod`]), made without the
     /// record in between: the planner asks for one per candidate Pod of every Service.
     pub(crate) fn to_pod(&self, namespace: &str, name: &str) -> Pod {
-        let (pod_ip, pod_ips) = match &self.addresses {
-            Addresses::None => (None, None),
-            Addresses::V4(octets) => {
-                let ip = std::net::Ipv4Addr::from(*octets).to_string();
-                (Some(ip.clone()), Some(vec![ip]))
-            }
-            Addresses::Other(fields) => {
-                let (pod_ip, pod_ips, pod_ips_is_pod_ip) = fields.as_ref();
-                let pod_ips = if *pod_ips_is_pod_ip {
-                    pod_ip.as_deref().map(|ip| vec![ip.to_owned()])
-                } else {
-                    (!pod_ips.is_empty()).then(|| pod_ips.iter().map(ToString::to_string).collect())
-                };
-                (pod_ip.as_deref().map(str::to_owned), pod_ips)
-            }
+        let (pod_ip, pod_ips, pod_ips_is_pod_ip): (Option<String>, &[Box<str>], bool) = match &self.addresses {
+            Addresses::None => (None, &[], false),
+            Addresses::V4(octets) => (Some(std::net::Ipv4Addr::from(*octets).to_string()), &[], true),
+            Addresses::Other(fields) => (fields.0.as_deref().map(str::to_owned), &fields.1, fields.2),
         };
         build_pod(PodParts {
             name,
@@ -384,6 +373,7 @@ impl HeldPod {
             rare: self.rare.as_deref(),
             pod_ip,
             pod_ips,
+            pod_ips_is_pod_ip,
             ready: self.ready,
         })
     }
@@ -483,11 +473,6 @@ impl PodRecord {
     /// A Pod with just the recorded fields: planning it gives the same slices as planning
     /// the Pod it was made from.
     pub(crate) fn to_pod(&self) -> Pod {
-        let pod_ips = if self.pod_ips_is_pod_ip {
-            self.pod_ip.as_deref().map(|ip| vec![ip.to_owned()])
-        } else {
-            (!self.pod_ips.is_empty()).then(|| self.pod_ips.iter().map(ToString::to_string).collect())
-        };
         build_pod(PodParts {
             name: &self.name,
             namespace: &self.namespace,
@@ -496,7 +481,8 @@ impl PodRecord {
             phase: self.phase.as_deref(),
             rare: self.rare.as_deref(),
             pod_ip: self.pod_ip.as_deref().map(str::to_owned),
-            pod_ips,
+            pod_ips: &self.pod_ips,
+            pod_ips_is_pod_ip: self.pod_ips_is_pod_ip,
             ready: self.ready,
         })
     }
@@ -512,12 +498,19 @@ struct PodParts<'a> {
     phase: Option<&'a str>,
     rare: Option<&'a RareFields>,
     pod_ip: Option<String>,
-    pod_ips: Option<Vec<String>>,
+    /// `status.podIPs` unless it is `[podIP]` (then empty, and `pod_ips_is_pod_ip`).
+    pod_ips: &'a [Box<str>],
+    pod_ips_is_pod_ip: bool,
     ready: bool,
 }
 
 fn build_pod(parts: PodParts<'_>) -> Pod {
-    let PodParts { name, namespace, labels, node_name, phase, rare, pod_ip, pod_ips, ready } = parts;
+    let PodParts { name, namespace, labels, node_name, phase, rare, pod_ip, pod_ips, pod_ips_is_pod_ip, ready } = parts;
+    let pod_ips: Option<Vec<PodIP>> = if pod_ips_is_pod_ip {
+        pod_ip.clone().map(|ip| vec![PodIP { ip }])
+    } else {
+        (!pod_ips.is_empty()).then(|| pod_ips.iter().map(|ip| PodIP { ip: ip.to_string() }).collect())
+    };
     let text = |value: &Option<Box<str>>| value.as_deref().map(str::to_owned);
     let labels: BTreeMap<String, String> =
         labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect();
@@ -556,7 +549,7 @@ fn build_pod(parts: PodParts<'_>) -> Pod {
         status: Some(PodStatus {
             phase: phase.map(str::to_owned),
             pod_ip,
-            pod_ips: pod_ips.map(|ips| ips.into_iter().map(|ip| PodIP { ip }).collect()),
+            pod_ips,
             conditions: ready.then(|| {
                 vec![PodCondition { type_: "Ready".to_owned(), status: "True".to_owned(), ..PodCondition::default() }]
             }),
