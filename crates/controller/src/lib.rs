@@ -11,7 +11,9 @@
 //!   [`AllocationRecord`] (JSON), so allocations also survive restarts.
 //! - [`plan_slices`] / [`SlicePlanner`] compute the EndpointSlices of a Service with a
 //!   selector from the Pods (and optionally Nodes, for zones), the way the upstream
-//!   EndpointSlice controller would.
+//!   EndpointSlice controller would. The planner reads a Pod only through [`PodFacts`], so
+//!   a feed that keeps Pods in a compact form of its own plans from that form directly
+//!   ([`plan_slices_from`]).
 //! - [`load_balancer`] assigns `type: LoadBalancer` addresses from `LoadBalancerIPPool`s
 //!   (held, requested, hashed), never one address twice, and names the cause when a Service
 //!   gets none (pool exhausted, no pool selects it, requested address outside the pools or
@@ -52,6 +54,6 @@ pub use load_balancer::{LbAllocator, LbAssignment, LbOutcome, LbProblem, LbReaso
 pub use object_key::ObjectKey;
 pub use reconcile::{ClusterObjects, Reconciled, assign_load_balancers, is_managed_by_us, reconcile};
 pub use slices::{
-    LABEL_HEADLESS, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY, MAX_ENDPOINTS_PER_SLICE, PodIndex, SlicePlanner,
-    plan_slices, plan_slices_from,
+    LABEL_HEADLESS, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY, MAX_ENDPOINTS_PER_SLICE, PodFacts, PodIndex,
+    SlicePlanner, plan_slices, plan_slices_from,
 };

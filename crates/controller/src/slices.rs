@@ -33,7 +33,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::error::{ControllerError, Reason};
 use crate::ip_family::IpFamily;
-use crate::object_key::{ObjectKey, namespace_of};
+use crate::object_key::{DEFAULT_NAMESPACE, ObjectKey, namespace_of};
 use crate::stable_hash::stable_suffix;
 
 /// At most this many endpoints go into one slice, as upstream's default `--max-endpoints-per-slice`.
@@ -69,23 +69,156 @@ pub fn plan_slices(
 /// The same as [`plan_slices`] over Pods the caller already narrowed down (for an
 /// incremental controller that indexes Pods itself): of `candidates`, those in the
 /// Service's namespace that can be endpoints and carry every selector label are used.
-pub fn plan_slices_from(
+/// The candidates are anything that answers [`PodFacts`]: `k8s-openapi` Pods, or a feed's
+/// own compact records, which then need not be made into Pods first.
+pub fn plan_slices_from<P: PodFacts>(
     service: &Service,
-    candidates: &[&Pod],
+    candidates: &[P],
     nodes: &[Node],
 ) -> Result<Vec<EndpointSlice>, ControllerError> {
     let Some(target) = Target::of(service)? else { return Ok(Vec::new()) };
     let zones = Zones::new(nodes);
-    let selected: Vec<&Pod> = candidates
+    let selected: Vec<&P> = candidates
         .iter()
-        .copied()
         .filter(|pod| {
-            namespace_of(&pod.metadata) == target.key.namespace
-                && is_endpoint_candidate(pod)
-                && has_labels(pod, target.selector)
+            namespace_or_default(pod.namespace()) == target.key.namespace
+                && is_endpoint_candidate(*pod)
+                && has_labels(*pod, target.selector)
         })
         .collect();
     Ok(target.slices(&selected, &zones))
+}
+
+/// What slice planning reads of a Pod, and all it reads: the planner sees Pods only
+/// through this. Implemented for `k8s-openapi` Pods (and references to anything that
+/// implements it); a feed that holds Pods in a compact form of its own implements it for
+/// that form.
+pub trait PodFacts {
+    /// `metadata.namespace` as written (absent or empty means `default`).
+    fn namespace(&self) -> Option<&str>;
+    /// `metadata.name`.
+    fn name(&self) -> Option<&str>;
+    /// `metadata.uid`.
+    fn uid(&self) -> Option<&str>;
+    /// The value of the label `key`.
+    fn label(&self, key: &str) -> Option<&str>;
+    /// `status.phase`.
+    fn phase(&self) -> Option<&str>;
+    /// `spec.nodeName`.
+    fn node_name(&self) -> Option<&str>;
+    /// `spec.hostname`.
+    fn hostname(&self) -> Option<&str>;
+    /// `spec.subdomain`.
+    fn subdomain(&self) -> Option<&str>;
+    /// `metadata.deletionTimestamp` is set.
+    fn is_terminating(&self) -> bool;
+    /// A `Ready` condition with status `True`.
+    fn is_ready(&self) -> bool;
+    /// `status.podIPs`, else `status.podIP`, in order; strings that are not addresses are
+    /// skipped.
+    fn ip_addresses(&self) -> impl Iterator<Item = IpAddr> + '_;
+    /// The number of the container port called `name` with `protocol` (a port without a
+    /// protocol is TCP), in the containers, then the sidecars (init containers with
+    /// `restartPolicy: Always`); the first that matches.
+    fn named_port(&self, name: &str, protocol: &str) -> Option<i32>;
+}
+
+impl<P: PodFacts + ?Sized> PodFacts for &P {
+    fn namespace(&self) -> Option<&str> {
+        (**self).namespace()
+    }
+    fn name(&self) -> Option<&str> {
+        (**self).name()
+    }
+    fn uid(&self) -> Option<&str> {
+        (**self).uid()
+    }
+    fn label(&self, key: &str) -> Option<&str> {
+        (**self).label(key)
+    }
+    fn phase(&self) -> Option<&str> {
+        (**self).phase()
+    }
+    fn node_name(&self) -> Option<&str> {
+        (**self).node_name()
+    }
+    fn hostname(&self) -> Option<&str> {
+        (**self).hostname()
+    }
+    fn subdomain(&self) -> Option<&str> {
+        (**self).subdomain()
+    }
+    fn is_terminating(&self) -> bool {
+        (**self).is_terminating()
+    }
+    fn is_ready(&self) -> bool {
+        (**self).is_ready()
+    }
+    fn ip_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        (**self).ip_addresses()
+    }
+    fn named_port(&self, name: &str, protocol: &str) -> Option<i32> {
+        (**self).named_port(name, protocol)
+    }
+}
+
+impl PodFacts for Pod {
+    fn namespace(&self) -> Option<&str> {
+        self.metadata.namespace.as_deref()
+    }
+    fn name(&self) -> Option<&str> {
+        self.metadata.name.as_deref()
+    }
+    fn uid(&self) -> Option<&str> {
+        self.metadata.uid.as_deref()
+    }
+    fn label(&self, key: &str) -> Option<&str> {
+        self.metadata.labels.as_ref()?.get(key).map(String::as_str)
+    }
+    fn phase(&self) -> Option<&str> {
+        self.status.as_ref()?.phase.as_deref()
+    }
+    fn node_name(&self) -> Option<&str> {
+        self.spec.as_ref()?.node_name.as_deref()
+    }
+    fn hostname(&self) -> Option<&str> {
+        self.spec.as_ref()?.hostname.as_deref()
+    }
+    fn subdomain(&self) -> Option<&str> {
+        self.spec.as_ref()?.subdomain.as_deref()
+    }
+    fn is_terminating(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+    fn is_ready(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|status| status.conditions.as_ref())
+            .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    }
+    fn ip_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        let status = self.status.as_ref();
+        let listed = status.and_then(|s| s.pod_ips.as_deref()).filter(|ips| !ips.is_empty());
+        let single = if listed.is_none() { status.and_then(|s| s.pod_ip.as_deref()) } else { None };
+        listed.into_iter().flatten().map(|ip| ip.ip.as_str()).chain(single).filter_map(|text| text.parse().ok())
+    }
+    fn named_port(&self, name: &str, protocol: &str) -> Option<i32> {
+        let spec = self.spec.as_ref()?;
+        let sidecars = spec.init_containers.iter().flatten().filter(|c| c.restart_policy.as_deref() == Some("Always"));
+        spec.containers
+            .iter()
+            .chain(sidecars)
+            .flat_map(|container: &Container| container.ports.iter().flatten())
+            .find_map(|port| {
+                let port_protocol = port.protocol.as_deref().filter(|p| !p.is_empty()).unwrap_or("TCP");
+                (port.name.as_deref() == Some(name) && port_protocol == protocol).then_some(port.container_port)
+            })
+    }
+}
+
+/// A Pod's namespace as planning compares it: absent or empty is `default`.
+fn namespace_or_default(namespace: Option<&str>) -> &str {
+    namespace.filter(|namespace| !namespace.is_empty()).unwrap_or(DEFAULT_NAMESPACE)
 }
 
 /// Plans the slices of many Services over one set of Pods, through a [`PodIndex`].
@@ -126,7 +259,7 @@ struct NamespacePods<'a> {
 impl<'a> PodIndex<'a> {
     pub fn new(pods: &'a [Pod]) -> Self {
         let mut namespaces: HashMap<&'a str, NamespacePods<'a>> = HashMap::new();
-        for pod in pods.iter().filter(|pod| is_endpoint_candidate(pod)) {
+        for pod in pods.iter().filter(is_endpoint_candidate) {
             let namespace = namespaces.entry(namespace_of(&pod.metadata)).or_default();
             let index = namespace.pods.len();
             namespace.pods.push(pod);
@@ -251,7 +384,7 @@ impl<'s> Target<'s> {
         }))
     }
 
-    fn slices(&self, pods: &[&Pod], zones: &Zones<'_>) -> Vec<EndpointSlice> {
+    fn slices<P: PodFacts>(&self, pods: &[P], zones: &Zones<'_>) -> Vec<EndpointSlice> {
         // Pods grouped by their resolved target ports (`None`: the named port is missing),
         // then by family (`[IPv4, IPv6]`).
         type Group = [Vec<(IpAddr, Endpoint)>; 2];
@@ -260,7 +393,7 @@ impl<'s> Target<'s> {
             let resolved: Vec<Option<i32>> = self.ports.iter().map(|port| resolve_target_port(port, pod)).collect();
             let group = groups.entry(resolved).or_default();
             let mut seen = [false; 2];
-            for ip in pod_ips(pod) {
+            for ip in pod.ip_addresses() {
                 let family = IpFamily::of(&ip);
                 let slot = family_slot(family);
                 if !self.families.contains(&family) || seen[slot] {
@@ -307,15 +440,14 @@ impl<'s> Target<'s> {
         slices
     }
 
-    fn endpoint(&self, pod: &Pod, ip: IpAddr, zones: &Zones<'_>) -> Endpoint {
-        let serving = is_ready(pod);
-        let terminating = pod.metadata.deletion_timestamp.is_some();
-        let spec = pod.spec.as_ref();
-        let node_name = spec.and_then(|spec| spec.node_name.clone());
-        let hostname = spec
-            .filter(|spec| spec.subdomain.as_deref() == Some(self.key.name.as_str()))
-            .and_then(|spec| spec.hostname.clone())
-            .filter(|hostname| !hostname.is_empty());
+    fn endpoint<P: PodFacts>(&self, pod: &P, ip: IpAddr, zones: &Zones<'_>) -> Endpoint {
+        let serving = pod.is_ready();
+        let terminating = pod.is_terminating();
+        let node_name = pod.node_name().map(str::to_owned);
+        let hostname = pod
+            .hostname()
+            .filter(|hostname| !hostname.is_empty() && pod.subdomain() == Some(self.key.name.as_str()))
+            .map(str::to_owned);
         let zone = node_name.as_deref().and_then(|node| zones.of(node)).map(str::to_owned);
         let for_zones = zone.as_ref().filter(|_| self.hints != Hints::None).map(|z| vec![ForZone { name: z.clone() }]);
         let for_nodes =
@@ -338,8 +470,8 @@ impl<'s> Target<'s> {
             target_ref: Some(ObjectReference {
                 kind: Some("Pod".to_owned()),
                 namespace: Some(self.key.namespace.clone()),
-                name: pod.metadata.name.clone(),
-                uid: pod.metadata.uid.clone(),
+                name: pod.name().map(str::to_owned),
+                uid: pod.uid().map(str::to_owned),
                 ..ObjectReference::default()
             }),
             ..Endpoint::default()
@@ -373,12 +505,12 @@ impl<'s> Target<'s> {
 
 /// The target port of `service_port` on `pod`; `None` when it is a name the Pod has no
 /// container port for.
-fn resolve_target_port(service_port: &ServicePort, pod: &Pod) -> Option<i32> {
+fn resolve_target_port<P: PodFacts>(service_port: &ServicePort, pod: &P) -> Option<i32> {
     match &service_port.target_port {
         None | Some(IntOrString::Int(0)) => Some(service_port.port),
         Some(IntOrString::Int(number)) => Some(*number),
         Some(IntOrString::String(name)) if name.is_empty() => Some(service_port.port),
-        Some(IntOrString::String(name)) => named_container_port(pod, name, protocol_of(service_port)),
+        Some(IntOrString::String(name)) => pod.named_port(name, protocol_of(service_port)),
     }
 }
 
@@ -417,45 +549,15 @@ fn family_slot(family: IpFamily) -> usize {
     }
 }
 
-/// The number of the container port called `name` with `protocol`, in the Pod's containers
-/// or its sidecars (init containers with `restartPolicy: Always`).
-fn named_container_port(pod: &Pod, name: &str, protocol: &str) -> Option<i32> {
-    let spec = pod.spec.as_ref()?;
-    let sidecars = spec.init_containers.iter().flatten().filter(|c| c.restart_policy.as_deref() == Some("Always"));
-    spec.containers.iter().chain(sidecars).flat_map(|container: &Container| container.ports.iter().flatten()).find_map(
-        |port| {
-            let port_protocol = port.protocol.as_deref().filter(|p| !p.is_empty()).unwrap_or("TCP");
-            (port.name.as_deref() == Some(name) && port_protocol == protocol).then_some(port.container_port)
-        },
-    )
-}
-
 /// Not terminal, scheduled and with at least one IP.
-fn is_endpoint_candidate(pod: &Pod) -> bool {
-    let status = pod.status.as_ref();
-    let terminal = matches!(status.and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
-    let scheduled = pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()).is_some_and(|node| !node.is_empty());
-    !terminal && scheduled && pod_ips(pod).next().is_some()
+fn is_endpoint_candidate<P: PodFacts>(pod: &P) -> bool {
+    let terminal = matches!(pod.phase(), Some("Succeeded" | "Failed"));
+    let scheduled = pod.node_name().is_some_and(|node| !node.is_empty());
+    !terminal && scheduled && pod.ip_addresses().next().is_some()
 }
 
-/// `status.podIPs`, else `status.podIP`; strings that are not addresses are skipped.
-fn pod_ips(pod: &Pod) -> impl Iterator<Item = IpAddr> + '_ {
-    let status = pod.status.as_ref();
-    let listed = status.and_then(|s| s.pod_ips.as_deref()).filter(|ips| !ips.is_empty());
-    let single = if listed.is_none() { status.and_then(|s| s.pod_ip.as_deref()) } else { None };
-    listed.into_iter().flatten().map(|ip| ip.ip.as_str()).chain(single).filter_map(|text| text.parse().ok())
-}
-
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn has_labels(pod: &Pod, selector: &BTreeMap<String, String>) -> bool {
-    let labels = pod.metadata.labels.as_ref();
-    selector.iter().all(|(key, value)| labels.and_then(|labels| labels.get(key)) == Some(value))
+fn has_labels<P: PodFacts>(pod: &P, selector: &BTreeMap<String, String>) -> bool {
+    selector.iter().all(|(key, value)| pod.label(key) == Some(value.as_str()))
 }
 
 fn pod_name(endpoint: &Endpoint) -> &str {

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use svcplane_controller::load_balancer::LoadBalancerIPPool;
 use svcplane_controller::{
     Allocator, ControllerError, ObjectKey, assign_load_balancers, is_managed_by_us, plan_slices_from,
@@ -25,7 +25,7 @@ use svcplane_core::model::NamespacedName;
 
 use crate::convert::{FieldError, new_slice_address_errors, node_to_core, service_to_core, slice_to_core};
 use crate::diff::PartialSnapshot;
-use crate::held::{HeldPod, ServiceRecord};
+use crate::held::{HeldPod, NamedPod, ServiceRecord};
 use crate::manifests::{ObjectKind, ObjectRef};
 use crate::store::{DefinitionOrder, Held, Key, ManifestStore, ObjectChange};
 use crate::{FastMap, FastSet};
@@ -409,7 +409,6 @@ impl DeltaState {
         };
         let Some(service) = &service else { return planned };
         let candidates = self.candidates(reference, service, store);
-        let candidates: Vec<&Pod> = candidates.iter().collect();
         match plan_slices_from(service, &candidates, &self.node_list) {
             Err(error) => planned.refused = Some(error),
             Ok(slices) => {
@@ -492,15 +491,25 @@ impl DeltaState {
     }
 
     /// The Pods that may be selected by `service` (those with its selector's first label),
-    /// rebuilt from the store's records for the planner.
-    fn candidates(&self, reference: &ObjectRef, service: &Service, store: &ManifestStore) -> Vec<Pod> {
+    /// as the planner reads them: the store's records under their names.
+    fn candidates<'a>(
+        &'a self,
+        reference: &ObjectRef,
+        service: &Service,
+        store: &'a ManifestStore,
+    ) -> Vec<NamedPod<'a>> {
         let Some((key, value)) = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()?.iter().next()) else {
             return Vec::new();
         };
         let Some(pods) = self.pods_by_label.get(&label_key(&reference.namespace, key, value)) else {
             return Vec::new();
         };
-        pods.iter().filter_map(|pod| Some(store.winner(pod)?.as_pod()?.to_pod(&pod.namespace, &pod.name))).collect()
+        pods.iter()
+            .filter_map(|key| {
+                let pod = store.winner(key)?.as_pod()?;
+                Some(NamedPod { namespace: &key.namespace, name: &key.name, pod })
+            })
+            .collect()
     }
 
     fn index_service(&mut self, reference: &Key, service: &ServiceRecord) {

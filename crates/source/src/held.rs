@@ -13,11 +13,13 @@
 //! when the controller step allocates or plans one.
 
 use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodCondition, PodIP, PodSpec, PodStatus, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Deserializer};
+use svcplane_controller::PodFacts;
 
 /// The parts of a Pod that EndpointSlice planning and cluster DNS read.
 #[derive(Debug, Clone, PartialEq)]
@@ -357,7 +359,8 @@ impl HeldPod {
     }
 
     /// A Pod with just the recorded fields (see [`PodRecord::to_pod`]), made without the
-    /// record in between: the planner asks for one per candidate Pod of every Service.
+    /// record in between (tests: the Pod a [`NamedPod`] must read as).
+    #[cfg(test)]
     pub(crate) fn to_pod(&self, namespace: &str, name: &str) -> Pod {
         let (pod_ip, pod_ips, pod_ips_is_pod_ip): (Option<String>, &[Box<str>], bool) = match &self.addresses {
             Addresses::None => (None, &[], false),
@@ -384,6 +387,68 @@ impl HeldPod {
 
     pub(crate) fn label(&self, key: &str) -> Option<&str> {
         self.labels.binary_search_by(|(k, _)| (**k).cmp(key)).ok().map(|i| &*self.labels[i].1)
+    }
+}
+
+/// A held Pod under the name the store keeps it by: what the slice planner reads of it
+/// ([`PodFacts`]), answered from the record itself, so that planning a Service builds no
+/// `k8s-openapi` Pod per candidate (that was half of planning a first read).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NamedPod<'a> {
+    pub(crate) namespace: &'a str,
+    pub(crate) name: &'a str,
+    pub(crate) pod: &'a HeldPod,
+}
+
+impl PodFacts for NamedPod<'_> {
+    fn namespace(&self) -> Option<&str> {
+        Some(self.namespace)
+    }
+    fn name(&self) -> Option<&str> {
+        Some(self.name)
+    }
+    fn uid(&self) -> Option<&str> {
+        self.pod.rare.as_ref()?.uid.as_deref()
+    }
+    fn label(&self, key: &str) -> Option<&str> {
+        self.pod.label(key)
+    }
+    fn phase(&self) -> Option<&str> {
+        self.pod.placement.phase.as_deref()
+    }
+    fn node_name(&self) -> Option<&str> {
+        self.pod.placement.node_name.as_deref()
+    }
+    fn hostname(&self) -> Option<&str> {
+        self.pod.rare.as_ref()?.hostname.as_deref()
+    }
+    fn subdomain(&self) -> Option<&str> {
+        self.pod.rare.as_ref()?.subdomain.as_deref()
+    }
+    fn is_terminating(&self) -> bool {
+        self.pod.rare.as_ref().is_some_and(|rare| rare.deletion_timestamp.is_some())
+    }
+    fn is_ready(&self) -> bool {
+        self.pod.ready
+    }
+    fn ip_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        // `podIPs` when it lists any, else `podIP`, as for a Pod.
+        let (inline, texts): (Option<IpAddr>, &[Box<str>]) = match &self.pod.addresses {
+            Addresses::None => (None, &[]),
+            Addresses::V4(octets) => (Some(IpAddr::from(*octets)), &[]),
+            Addresses::Other(fields) => {
+                let (pod_ip, pod_ips, pod_ips_is_pod_ip) = &**fields;
+                if *pod_ips_is_pod_ip || pod_ips.is_empty() { (None, pod_ip.as_slice()) } else { (None, &pod_ips[..]) }
+            }
+        };
+        inline.into_iter().chain(texts.iter().filter_map(|text| text.parse().ok()))
+    }
+    fn named_port(&self, name: &str, protocol: &str) -> Option<i32> {
+        let ports = self.pod.rare.as_ref().map(|rare| &rare.ports[..]).unwrap_or_default();
+        ports.iter().find_map(|(port_name, port_protocol, number)| {
+            let port_protocol = port_protocol.as_deref().filter(|p| !p.is_empty()).unwrap_or("TCP");
+            (&**port_name == name && port_protocol == protocol).then_some(*number)
+        })
     }
 }
 
@@ -628,7 +693,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_rebuilt_from_its_record_plans_the_same_slices() {
+    fn a_pod_rebuilt_from_its_record_and_a_held_pod_read_in_place_plan_the_same_slices_as_the_pod() {
         let pods = vec![
             pod(serde_json::json!({
                 "metadata": {"name": "a", "namespace": "shop", "uid": "u-1", "labels": {"app": "web", "tier": "x"},
@@ -662,6 +727,40 @@ mod tests {
                 "status": {"podIP": "198.18.129.5", "podIPs": [{"ip": "198.18.129.5"}],
                            "conditions": [{"type": "Ready", "status": "True"}]}
             })),
+            // podIPs that differ from podIP win; a named port of another protocol does not
+            // resolve; a hostname under another subdomain is not published.
+            pod(serde_json::json!({
+                "metadata": {"name": "f", "namespace": "shop", "labels": {"app": "web"}},
+                "spec": {"nodeName": "node-1", "hostname": "f", "subdomain": "other",
+                         "containers": [{"name": "app", "image": "i",
+                                         "ports": [{"name": "http", "containerPort": 8081, "protocol": "UDP"},
+                                                   {"name": "metrics", "containerPort": 9091, "protocol": ""}]}]},
+                "status": {"podIP": "198.18.129.6", "podIPs": [{"ip": "2001:db8:1:1::6"}, {"ip": "198.18.129.7"}],
+                           "conditions": [{"type": "Ready", "status": "True"}]}
+            })),
+            // An address spelled unusually, one that is no address, an empty podIPs.
+            pod(serde_json::json!({
+                "metadata": {"name": "g", "namespace": "shop", "labels": {"app": "web"}},
+                "spec": {"nodeName": "node-2", "containers": []},
+                "status": {"podIP": "2001:DB8:1:1::8", "podIPs": [],
+                           "conditions": [{"type": "Ready", "status": "True"}]}
+            })),
+            pod(serde_json::json!({
+                "metadata": {"name": "h", "namespace": "shop", "labels": {"app": "web"}},
+                "spec": {"nodeName": "node-2", "containers": []},
+                "status": {"podIPs": [{"ip": "not-an-address"}, {"ip": "198.18.130.9"}]}
+            })),
+            // Another namespace and a Pod the selector does not select.
+            pod(serde_json::json!({
+                "metadata": {"name": "i", "namespace": "other", "labels": {"app": "web"}},
+                "spec": {"nodeName": "node-2", "containers": []},
+                "status": {"podIP": "198.18.130.10"}
+            })),
+            pod(serde_json::json!({
+                "metadata": {"name": "j", "namespace": "shop", "labels": {"app": "api"}},
+                "spec": {"nodeName": "node-2", "containers": []},
+                "status": {"podIP": "198.18.130.11"}
+            })),
         ];
         let service = Service {
             metadata: ObjectMeta { name: Some("web".into()), namespace: Some("shop".into()), ..ObjectMeta::default() },
@@ -688,15 +787,24 @@ mod tests {
         };
         let rebuilt: Vec<Pod> = pods.iter().map(|p| PodRecord::of(p.clone()).to_pod()).collect();
         let mut interner = Interner::default();
-        let held: Vec<Pod> = pods
+        let held: Vec<HeldPod> = pods.iter().map(|p| PodRecord::of(p.clone()).shared(&mut interner)).collect();
+        let names: Vec<(&str, &str)> = pods
             .iter()
-            .map(|p| PodRecord::of(p.clone()).shared(&mut interner).to_pod("shop", p.metadata.name.as_deref().unwrap()))
+            .map(|p| (p.metadata.namespace.as_deref().unwrap(), p.metadata.name.as_deref().unwrap()))
             .collect();
-        assert_eq!(held, rebuilt, "a held Pod gives back its record's Pod, whatever its addresses");
+        let held_pods: Vec<Pod> =
+            held.iter().zip(&names).map(|(pod, (namespace, name))| pod.to_pod(namespace, name)).collect();
+        assert_eq!(held_pods, rebuilt, "a held Pod gives back its record's Pod, whatever its addresses");
         let original = svcplane_controller::plan_slices(&service, &pods, None).unwrap();
         let from_records = svcplane_controller::plan_slices(&service, &rebuilt, None).unwrap();
         assert!(!original.is_empty());
         assert_eq!(original, from_records);
+        let in_place: Vec<NamedPod<'_>> =
+            held.iter().zip(&names).map(|(pod, &(namespace, name))| NamedPod { namespace, name, pod }).collect();
+        let from_held = svcplane_controller::plan_slices_from(&service, &in_place, &[]).unwrap();
+        assert_eq!(from_held, original, "the planner reads a held Pod as it reads the Pod");
+        let endpoints: usize = original.iter().map(|slice| slice.endpoints.len()).sum();
+        assert_eq!(endpoints, 8, "a and f in both families, b, e, g, h; not c, d, i, j: {original:#?}");
         let record = PodRecord::of(pods[0].clone()).shared(&mut interner);
         assert_eq!(record.label("tier"), Some("x"));
         assert_eq!(record.labels().count(), 2);
