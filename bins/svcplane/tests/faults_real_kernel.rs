@@ -427,3 +427,90 @@ fn refused_restores_keep_the_rules_whole_back_off_and_converge_in_iptables_mode(
     assert_nothing_failed(&cluster, "injected iptables-restore failures", &reports);
     cluster.teardown();
 }
+
+#[test]
+fn after_nftables_mode_replaces_its_tables_udp_flows_that_bypassed_the_dnat_are_removed_and_translated_ones_kept() {
+    if !svcplane_testbed::can_run_real_kernel_tests(
+        "after_nftables_mode_replaces_its_tables_udp_flows_that_bypassed_the_dnat_are_removed_and_translated_ones_kept",
+    ) {
+        return;
+    }
+    // Replacing a table unhooks and rehooks its nat chains within the commit: a UDP flow
+    // arriving then is not translated, and its conntrack entry keeps every later packet of
+    // that client port off the rules (docs/reliability.md). After a replacement the proxy
+    // removes, on every UDP frontend, the entries whose replies do not come from a serving
+    // endpoint. Such an entry is planted here; a translated flow is made for real.
+    const TRANSLATED_PORT: u16 = 40_100;
+    const BYPASSING_PORT: &str = "40200";
+    let cluster = Cluster::builder(NFTABLES).faults().start();
+    let lab = cluster.lab();
+    let node = lab.node(THIS_NODE).namespace_name().to_owned();
+    let pod = scenarios::OTHER_NODE_ECHO_PODS[0];
+    let cluster_ip =
+        cluster.service(ECHO_SERVICE).and_then(|echo| echo.cluster_ip_address(false)).expect("a ClusterIP");
+    let (address, port) = (cluster_ip.ip().to_string(), cluster_ip.port().to_string());
+    // The pod whose readiness the faults come with is not ready to start with (its
+    // Service's flows are cleaned for that now, before anything is planted).
+    cluster.set_pod_ready(pod, false);
+    let gone = eventually(Duration::from_secs(10), || (!answering_pods(&cluster, 20).contains(pod)).then_some(()));
+    assert!(gone.is_some(), "{pod} stopped getting connections\n{}", cluster.diagnostics());
+    std::thread::sleep(Duration::from_secs(2));
+
+    // The translated flow's entry must outlast the retries' back-off (UDP entries time out
+    // after 30 s by default; this is the node's own namespace).
+    lab.exec_ok(&node, &["sysctl", "-qw", "net.netfilter.nf_conntrack_udp_timeout=300"]).expect("the UDP timeout");
+    let client = lab.pod(POD_ON_THIS_NODE).namespace_name().to_owned();
+    let source = Some(scenarios::net::unspecified(cluster_ip, TRANSLATED_PORT));
+    let reply = scenarios::net::request(lab, &client, Protocol::Udp, cluster_ip, source, Duration::from_secs(2))
+        .unwrap_or_else(|error| panic!("a UDP request through {cluster_ip}: {error:?}\n{}", cluster.diagnostics()));
+    let conntrack = |args: &[&str]| {
+        let output = lab.exec(&node, &[&["conntrack"], args].concat()).expect("conntrack in the node");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    conntrack(&[
+        "-I",
+        "-p",
+        "udp",
+        "-s",
+        "198.18.129.250",
+        "-d",
+        &address,
+        "--sport",
+        BYPASSING_PORT,
+        "--dport",
+        &port,
+        "--timeout",
+        "600",
+    ]);
+    let entries = |source_port: &str| {
+        conntrack(&["-L", "-p", "udp", "--orig-port-src", source_port])
+            .lines()
+            .filter(|line| line.contains(&format!("dst={address} ")))
+            .count()
+    };
+    assert_eq!(entries(&TRANSLATED_PORT.to_string()), 1, "the translated flow's entry (to {})", reply.server_name);
+    assert_eq!(entries(BYPASSING_PORT), 1, "the planted entry without translation");
+
+    // Two refused full syncs in a row after a refused change: the third full sync replaces
+    // the tables. The change only adds an endpoint, which by itself cleans no flow.
+    cluster.queue_faults(THIS_NODE, &["refused", "refused", "refused"]);
+    cluster.set_pod_ready(pod, true);
+    let replaced = eventually(Duration::from_secs(20), || {
+        let log = cluster.proxy_log(THIS_NODE);
+        let replacing = log.find("replacing svcplane's tables")?;
+        log[replacing..].contains(" synced ").then_some(())
+    });
+    assert!(replaced.is_some(), "the proxy replaced its tables and synced\n{}", cluster.proxy_log(THIS_NODE));
+    let cleaned = eventually(Duration::from_secs(10), || (entries(BYPASSING_PORT) == 0).then_some(()));
+    assert!(
+        cleaned.is_some(),
+        "the entry that bypassed the DNAT was removed after the replacement\n{}\n{}",
+        conntrack(&["-L", "-p", "udp"]),
+        cluster.proxy_log(THIS_NODE)
+    );
+    assert_eq!(entries(&TRANSLATED_PORT.to_string()), 1, "the flow translated to a serving endpoint stays");
+    let again = scenarios::net::request(lab, &client, Protocol::Udp, cluster_ip, source, Duration::from_secs(2))
+        .unwrap_or_else(|error| panic!("the open flow after the replacement: {error:?}\n{}", cluster.diagnostics()));
+    assert_eq!(again.server_name, reply.server_name, "the open flow stays with its endpoint");
+    cluster.teardown();
+}

@@ -803,7 +803,7 @@ impl EbpfBackend {
         self.usage = wanted;
         self.record = record;
         self.full_pending = false;
-        Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations })
+        Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations, rules_replaced: false })
     }
 
     /// The capacity the loader gave `map`: one function decides it, for the loader, the
@@ -947,7 +947,7 @@ impl EbpfBackend {
         if !stopped_serving.is_empty() {
             self.close_sockets_to_gone_endpoints(stopped_serving);
         }
-        Ok(SyncReport { full: false, service_ports: ports, operations })
+        Ok(SyncReport { full: false, service_ports: ports, operations, rules_replaced: false })
     }
 
     /// A changed port's ids (its old ones where it had them, fresh ones otherwise); its

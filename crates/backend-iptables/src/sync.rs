@@ -617,7 +617,12 @@ impl<I: Iptables + Send + std::fmt::Debug> Dataplane for IptablesBackend<I> {
 
     fn sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<CoreSyncReport, DataplaneError> {
         let report = IptablesBackend::sync(self, plan, diff)?;
-        Ok(CoreSyncReport { full: report.full, service_ports: report.service_ports, operations: report.operations })
+        Ok(CoreSyncReport {
+            full: report.full,
+            service_ports: report.service_ports,
+            operations: report.operations,
+            rules_replaced: false,
+        })
     }
 
     fn request_full_resync(&mut self) {

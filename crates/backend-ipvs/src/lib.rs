@@ -788,7 +788,12 @@ impl Dataplane for IpvsBackend {
             self.programmed = applied.services().keys().copied().collect();
         }
         self.applied = Some(applied);
-        Ok(SyncReport { full, service_ports, operations: changes + address_operations + rule_operations })
+        Ok(SyncReport {
+            full,
+            service_ports,
+            operations: changes + address_operations + rule_operations,
+            rules_replaced: false,
+        })
     }
 
     fn request_full_resync(&mut self) {

@@ -42,6 +42,9 @@ pub struct SyncReport {
     pub full: bool,
     pub service_ports: usize,
     pub operations: usize,
+    /// Tables were replaced (added, deleted and written anew in one transaction), which
+    /// unhooks and rehooks their nat chains: see [`svcplane_core::SyncReport::rules_replaced`].
+    pub rules_replaced: bool,
 }
 
 /// The nftables backend: owns the `svcplane` tables and keeps them equal to the plan.
@@ -520,6 +523,7 @@ impl<N: Nftables> NftablesBackend<N> {
         if self.tables != 0 && tables != self.tables {
             self.remove_moved_objects(&mut rendered, tables, plan, changed);
         }
+        let rules_replaced = self.replace_table && !rendered.is_empty();
         if self.replace_table {
             warn!(
                 tables = rendered.len(),
@@ -576,7 +580,7 @@ impl<N: Nftables> NftablesBackend<N> {
         }
         self.written_node_port_cidrs = Some(plan.node_port_cidrs.clone());
         self.needs_full_sync = false;
-        Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations })
+        Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations, rules_replaced })
     }
 
     /// Makes the record of what `plan` writes over `tables` tables per family: the hairpin
@@ -798,7 +802,12 @@ impl<N: Nftables + Send + std::fmt::Debug> Dataplane for NftablesBackend<N> {
 
     fn sync(&mut self, plan: &NodePlan, diff: &PlanDiff) -> Result<CoreSyncReport, DataplaneError> {
         let report = NftablesBackend::sync(self, plan, diff)?;
-        Ok(CoreSyncReport { full: report.full, service_ports: report.service_ports, operations: report.operations })
+        Ok(CoreSyncReport {
+            full: report.full,
+            service_ports: report.service_ports,
+            operations: report.operations,
+            rules_replaced: report.rules_replaced,
+        })
     }
 
     fn request_full_resync(&mut self) {

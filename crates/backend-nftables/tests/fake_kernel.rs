@@ -296,6 +296,7 @@ impl Harness<Flaky> {
         let replaced = self.backend.nftables().replaced_table[offered..].iter().any(|r| *r);
         result.map(|report| {
             assert!(report.full, "a retry after a refused sync is a full one");
+            assert_eq!(report.rules_replaced, replaced, "the report says whether the table was replaced");
             replaced
         })
     }

@@ -202,7 +202,7 @@ impl<N: Nftables> UserspaceBackend<N> {
             relay.pools().map(|(key, pool)| (key.clone(), pool.clone())).collect();
         *self.view.listeners.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = relay.listener_addresses();
         self.synced = true;
-        Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations })
+        Ok(SyncReport { full: true, service_ports: plan.service_ports.len(), operations, rules_replaced: false })
     }
 }
 

@@ -72,6 +72,34 @@ pub fn stale_udp_flows(plan: &NodePlan, diff: &PlanDiff) -> Vec<StaleUdpFlows> {
     cleanups.into_iter().collect()
 }
 
+/// The cleanups after the mode's rules were replaced wholesale ([`crate::SyncReport::rules_replaced`]):
+/// on every frontend of every UDP service port, the flows whose replies do not come from a
+/// serving endpoint. A flow that arrived while the rules were being replaced was not
+/// translated, and its entry would keep every later packet of that client port off the
+/// rules; a flow that was translated replies from its endpoint and is kept.
+pub fn udp_flows_not_to_serving_endpoints(plan: &NodePlan) -> Vec<StaleUdpFlows> {
+    let mut cleanups = BTreeSet::new();
+    for (key, port_plan) in &plan.service_ports {
+        if port_plan.protocol != Protocol::Udp {
+            continue;
+        }
+        let keep = serving(Some(port_plan));
+        for frontend in &port_plan.frontends {
+            let destination = match frontend.destination {
+                Destination::Address(address) => FlowDestination::Address(address),
+                Destination::NodePortAddresses => FlowDestination::NodePort,
+            };
+            cleanups.insert(StaleUdpFlows {
+                family: key.family,
+                destination,
+                port: frontend.port,
+                keep_replies_from: keep.clone(),
+            });
+        }
+    }
+    cleanups.into_iter().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,5 +196,32 @@ mod tests {
         let got = cleanups(Protocol::Udp, &["198.18.129.2"], &[]);
         assert!(got.iter().all(|c| c.keep_replies_from.is_empty()));
         assert_eq!(got.len(), 2);
+    }
+
+    #[test]
+    fn after_the_rules_were_replaced_every_udp_frontend_is_cleaned_keeping_flows_to_serving_endpoints() {
+        let config = NodeConfig {
+            node_name: "node1".into(),
+            node_port_addresses: NodePortAddresses::AllLocal,
+            ..NodeConfig::default()
+        };
+        let mut state = ClusterState::new();
+        state.apply(Change::ServiceUpserted(dns_service(Protocol::Udp)));
+        state.apply(Change::SliceUpserted(slice(Protocol::Udp, &["198.18.129.2", "198.18.129.3"])));
+        let plan = NodePlan::build(&state, config.clone());
+        let got = udp_flows_not_to_serving_endpoints(&plan);
+        let destinations: Vec<_> = got.iter().map(|c| (c.destination, c.port)).collect();
+        assert_eq!(
+            destinations,
+            vec![(FlowDestination::Address("198.19.0.10".parse().unwrap()), 53), (FlowDestination::NodePort, 30053)]
+        );
+        let kept: BTreeSet<SocketAddr> =
+            ["198.18.129.2:5353".parse().unwrap(), "198.18.129.3:5353".parse().unwrap()].into();
+        assert!(got.iter().all(|c| c.keep_replies_from == kept), "{got:?}");
+
+        let mut tcp = ClusterState::new();
+        tcp.apply(Change::ServiceUpserted(dns_service(Protocol::Tcp)));
+        tcp.apply(Change::SliceUpserted(slice(Protocol::Tcp, &["198.18.129.2"])));
+        assert!(udp_flows_not_to_serving_endpoints(&NodePlan::build(&tcp, config)).is_empty(), "TCP ends on its own");
     }
 }

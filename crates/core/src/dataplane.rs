@@ -16,6 +16,10 @@ pub struct SyncReport {
     pub service_ports: usize,
     /// Kernel operations sent (rules, map entries, elements ...).
     pub operations: usize,
+    /// The mode's rules were replaced wholesale rather than changed in place: for an
+    /// instant inside the kernel's commit a new flow could meet none of them, and its
+    /// conntrack entry then keeps it past the DNAT for as long as the flow lasts.
+    pub rules_replaced: bool,
 }
 
 /// The rules a mode owns in one table of one family.

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 use svcplane_conntrack::{ConntrackCli, UdpFlowFilter};
-use svcplane_core::conntrack::{FlowDestination, stale_udp_flows};
+use svcplane_core::conntrack::{FlowDestination, stale_udp_flows, udp_flows_not_to_serving_endpoints};
 
 use svcplane_core::{Change, ClusterState, DataplaneError, NodePlan, PlanDiff, SyncReport};
 use tracing::{info, warn};
@@ -128,9 +128,15 @@ impl StaleUdpCleanup {
         self
     }
 
-    /// The conntrack filters for a sync's stale flows.
-    fn filters(&self, plan: &NodePlan, diff: &PlanDiff) -> Vec<UdpFlowFilter> {
-        let stale = stale_udp_flows(plan, diff);
+    /// The conntrack filters for a sync's stale flows: those of what changed, and after
+    /// rules replaced wholesale, those of every UDP frontend.
+    fn filters(&self, plan: &NodePlan, diff: &PlanDiff, report: &SyncReport) -> Vec<UdpFlowFilter> {
+        let mut stale = stale_udp_flows(plan, diff);
+        if report.rules_replaced {
+            let every = udp_flows_not_to_serving_endpoints(plan);
+            info!(frontends = every.len(), "the rules were replaced: removing UDP flows that bypassed them");
+            stale.extend(every);
+        }
         if stale.is_empty() {
             return Vec::new();
         }
@@ -152,10 +158,56 @@ impl StaleUdpCleanup {
 
 impl AfterSync for StaleUdpCleanup {
     fn synced(&mut self, sync: &Synced<'_>) {
-        let filters = self.filters(sync.plan, sync.diff);
+        let filters = self.filters(sync.plan, sync.diff, sync.report);
         if !filters.is_empty() {
             // Fails only once the thread is gone, and then there is nobody left to tell.
             let _ = self.filters.send(filters);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use svcplane_core::model::{
+        Endpoint, EndpointPort, EndpointSlice, IpFamily, NamespacedName, Protocol, Service, ServicePort,
+    };
+    use svcplane_core::{NodeConfig, PlanDiff};
+
+    use super::*;
+
+    /// A plan with one UDP and one TCP ClusterIP Service, each with one ready endpoint.
+    fn plan() -> NodePlan {
+        let mut state = ClusterState::new();
+        for (name, ip, protocol) in [("dns", "198.19.0.10", Protocol::Udp), ("web", "198.19.0.11", Protocol::Tcp)] {
+            let service = NamespacedName::new("shop", name);
+            state.apply(Change::ServiceUpserted(Service::cluster_ip(
+                service.clone(),
+                vec![ip.parse().unwrap()],
+                vec![ServicePort { name: "p".into(), protocol, port: 53, node_port: None }],
+            )));
+            state.apply(Change::SliceUpserted(EndpointSlice {
+                last_change_trigger: None,
+                name: NamespacedName::new("shop", format!("{name}-1")),
+                service,
+                family: IpFamily::V4,
+                ports: vec![EndpointPort { name: "p".into(), protocol, port: 5353 }],
+                endpoints: vec![Endpoint::ready("198.18.129.2".parse().unwrap(), Some("node1"))],
+            }));
+        }
+        NodePlan::build(&state, NodeConfig { node_name: "node1".into(), ..NodeConfig::default() })
+    }
+
+    #[test]
+    fn rules_replaced_wholesale_clean_every_udp_frontend_and_an_in_place_sync_with_no_change_cleans_nothing() {
+        let cleanup = StaleUdpCleanup::default();
+        let plan = plan();
+        let in_place = SyncReport { full: true, service_ports: 2, operations: 10, rules_replaced: false };
+        assert!(cleanup.filters(&plan, &PlanDiff::default(), &in_place).is_empty());
+        let replaced = SyncReport { rules_replaced: true, ..in_place };
+        let filters = cleanup.filters(&plan, &PlanDiff::default(), &replaced);
+        assert_eq!(filters.len(), 1, "the UDP Service's ClusterIP only: {filters:?}");
+        assert_eq!(filters[0].destination, Some("198.19.0.10".parse().unwrap()));
+        assert_eq!(filters[0].port, 53);
+        assert_eq!(filters[0].keep_replies_from, BTreeSet::from(["198.18.129.2:5353".parse().unwrap()]));
     }
 }

@@ -44,7 +44,12 @@ impl Dataplane for RecordingDataplane {
         if record.failing {
             return Err("the kernel refused the transaction".into());
         }
-        Ok(SyncReport { full: false, service_ports: diff.len(), operations: plan.service_ports.len() })
+        Ok(SyncReport {
+            full: false,
+            service_ports: diff.len(),
+            operations: plan.service_ports.len(),
+            rules_replaced: false,
+        })
     }
 
     fn request_full_resync(&mut self) {
