@@ -292,8 +292,26 @@ struct Interned {
 static INTERNED: LazyLock<Mutex<Interned>> =
     LazyLock::new(|| Mutex::new(Interned { names: HashSet::new(), prune_at: 64 }));
 
+thread_local! {
+    /// The last name this thread interned. Callers intern runs of one name (the namespace
+    /// of every object in a file, the node of a Service's endpoints one after another), and
+    /// with two threads planning at once the shared set's lock was contended. Holding one
+    /// name per thread keeps it from being pruned, which is harmless.
+    static LAST_INTERNED: std::cell::RefCell<Option<Name>> = const { std::cell::RefCell::new(None) };
+}
+
 /// The shared [`Name`] for `text`: the same allocation for the same text, from any thread.
 pub fn intern(text: &str) -> Name {
+    let last = LAST_INTERNED.with_borrow(|last| last.as_ref().filter(|name| ***name == *text).cloned());
+    if let Some(name) = last {
+        return name;
+    }
+    let name = intern_shared(text);
+    LAST_INTERNED.with_borrow_mut(|last| *last = Some(Arc::clone(&name)));
+    name
+}
+
+fn intern_shared(text: &str) -> Name {
     // A poisoned lock only means another thread panicked while holding it; the set is
     // still a valid set of names.
     let mut interned = INTERNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -411,6 +429,10 @@ mod tests {
         let again = intern(&String::from("interning-test-node-a"));
         assert!(Arc::ptr_eq(&first, &again));
         assert_ne!(intern("interning-test-node-b"), first);
+        // Another thread's names, and this thread's after another one, are the same too.
+        assert!(Arc::ptr_eq(&intern("interning-test-node-a"), &first));
+        let elsewhere = std::thread::spawn(|| intern("interning-test-node-a")).join().unwrap();
+        assert!(Arc::ptr_eq(&elsewhere, &first));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! the Service as read (absent fields left out) with the selector at hand, decoded again
 //! when the controller step allocates or plans one.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -20,6 +20,8 @@ use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodCondition, Po
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Deserializer};
 use svcplane_controller::PodFacts;
+
+use crate::FastSet;
 
 /// The parts of a Pod that EndpointSlice planning and cluster DNS read.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,9 +146,9 @@ struct Placement {
 /// are dropped by [`Interner::forget_unused`], so edits do not make it grow for good.
 #[derive(Debug, Default)]
 pub(crate) struct Interner {
-    strings: HashSet<Arc<str>>,
-    label_sets: HashSet<LabelSet>,
-    placements: HashSet<Arc<Placement>>,
+    strings: FastSet<Arc<str>>,
+    label_sets: FastSet<LabelSet>,
+    placements: FastSet<Arc<Placement>>,
     /// Entries after the last [`Interner::forget_unused`].
     kept: usize,
 }
@@ -202,85 +204,142 @@ impl Interner {
     }
 }
 
-fn boxed(text: Option<String>) -> Option<Box<str>> {
-    text.map(String::into_boxed_str)
-}
-
 /// A Pod manifest as the record reads it: only the fields [`PodRecord`] keeps, every other
 /// field skipped by the parser (no `k8s-openapi` Pod is built: parsing one allocated
 /// several kilobytes per Pod, most of it for fields nothing here reads). Optional
 /// everywhere, so that `null` and a missing field mean the same, as for `k8s-openapi`.
+/// Strings are borrowed from the document where the parser can lend them (the fast
+/// reader always can), so reading one allocates only the record.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct PodDocument {
-    metadata: Option<PodMetadata>,
-    spec: Option<PodSpecDocument>,
-    status: Option<PodStatusDocument>,
+struct PodDocument<'a> {
+    #[serde(borrow)]
+    metadata: Option<PodMetadata<'a>>,
+    #[serde(borrow)]
+    spec: Option<PodSpecDocument<'a>>,
+    #[serde(borrow)]
+    status: Option<PodStatusDocument<'a>>,
+}
+
+/// A string of a document: borrowed from its text when the parser lends it, else owned.
+#[derive(Debug, Default, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Text<'a>(std::borrow::Cow<'a, str>);
+
+impl std::ops::Deref for Text<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl<'de> serde::de::Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                formatter.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E: serde::de::Error>(self, text: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(std::borrow::Cow::Borrowed(text)))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Text<'de>, E> {
+                Ok(Text(std::borrow::Cow::Owned(text.to_owned())))
+            }
+
+            fn visit_string<E: serde::de::Error>(self, text: String) -> Result<Text<'de>, E> {
+                Ok(Text(std::borrow::Cow::Owned(text)))
+            }
+        }
+        deserializer.deserialize_str(TextVisitor)
+    }
+}
+
+fn boxed_text(text: Option<Text<'_>>) -> Option<Box<str>> {
+    text.map(|text| Box::from(&*text))
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct PodMetadata {
-    name: Option<String>,
-    namespace: Option<String>,
-    uid: Option<String>,
-    labels: Option<BTreeMap<String, String>>,
+struct PodMetadata<'a> {
+    #[serde(borrow)]
+    name: Option<Text<'a>>,
+    #[serde(borrow)]
+    namespace: Option<Text<'a>>,
+    #[serde(borrow)]
+    uid: Option<Text<'a>>,
+    #[serde(borrow)]
+    labels: Option<BTreeMap<Text<'a>, Text<'a>>>,
     #[serde(rename = "deletionTimestamp")]
     deletion_timestamp: Option<Time>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct PodSpecDocument {
-    #[serde(rename = "nodeName")]
-    node_name: Option<String>,
-    hostname: Option<String>,
-    subdomain: Option<String>,
-    containers: Option<Vec<ContainerDocument>>,
-    #[serde(rename = "initContainers")]
-    init_containers: Option<Vec<ContainerDocument>>,
+struct PodSpecDocument<'a> {
+    #[serde(rename = "nodeName", borrow)]
+    node_name: Option<Text<'a>>,
+    #[serde(borrow)]
+    hostname: Option<Text<'a>>,
+    #[serde(borrow)]
+    subdomain: Option<Text<'a>>,
+    #[serde(borrow)]
+    containers: Option<Vec<ContainerDocument<'a>>>,
+    #[serde(rename = "initContainers", borrow)]
+    init_containers: Option<Vec<ContainerDocument<'a>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct ContainerDocument {
-    #[serde(rename = "restartPolicy")]
-    restart_policy: Option<String>,
-    ports: Option<Vec<ContainerPortDocument>>,
+struct ContainerDocument<'a> {
+    #[serde(rename = "restartPolicy", borrow)]
+    restart_policy: Option<Text<'a>>,
+    #[serde(borrow)]
+    ports: Option<Vec<ContainerPortDocument<'a>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct ContainerPortDocument {
-    name: Option<String>,
-    protocol: Option<String>,
+struct ContainerPortDocument<'a> {
+    #[serde(borrow)]
+    name: Option<Text<'a>>,
+    #[serde(borrow)]
+    protocol: Option<Text<'a>>,
     #[serde(rename = "containerPort")]
     container_port: i32,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct PodStatusDocument {
-    phase: Option<String>,
-    #[serde(rename = "podIP")]
-    pod_ip: Option<String>,
-    #[serde(rename = "podIPs")]
-    pod_ips: Option<Vec<PodIpDocument>>,
-    conditions: Option<Vec<ConditionDocument>>,
+struct PodStatusDocument<'a> {
+    #[serde(borrow)]
+    phase: Option<Text<'a>>,
+    #[serde(rename = "podIP", borrow)]
+    pod_ip: Option<Text<'a>>,
+    #[serde(rename = "podIPs", borrow)]
+    pod_ips: Option<Vec<PodIpDocument<'a>>>,
+    #[serde(borrow)]
+    conditions: Option<Vec<ConditionDocument<'a>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct PodIpDocument {
-    ip: String,
+struct PodIpDocument<'a> {
+    #[serde(borrow)]
+    ip: Text<'a>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct ConditionDocument {
-    #[serde(rename = "type")]
-    type_: String,
-    status: String,
+struct ConditionDocument<'a> {
+    #[serde(rename = "type", borrow)]
+    type_: Text<'a>,
+    #[serde(borrow)]
+    status: Text<'a>,
 }
 
 /// A Pod as the store keeps it: its [`PodRecord`] without the name and namespace (the
@@ -461,7 +520,7 @@ impl<'de> Deserialize<'de> for PodRecord {
 }
 
 impl PodRecord {
-    fn from_document(document: PodDocument) -> Self {
+    fn from_document(document: PodDocument<'_>) -> Self {
         let PodDocument { metadata, spec, status } = document;
         let PodMetadata { name, namespace, uid, labels, deletion_timestamp } = metadata.unwrap_or_default();
         let spec = spec.unwrap_or_default();
@@ -474,30 +533,30 @@ impl PodRecord {
             .flatten()
             .chain(sidecars)
             .flat_map(|container| container.ports.into_iter().flatten())
-            .filter_map(|port| Some((port.name?.into_boxed_str(), boxed(port.protocol), port.container_port)))
+            .filter_map(|port| Some((Box::from(&*port.name?), boxed_text(port.protocol), port.container_port)))
             .collect();
-        let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
-        let pod_ips: Vec<String> = status.pod_ips.into_iter().flatten().map(|ip| ip.ip).collect();
+        let ready = status.conditions.iter().flatten().any(|c| &*c.type_ == "Ready" && &*c.status == "True");
+        let pod_ips: Vec<Text<'_>> = status.pod_ips.into_iter().flatten().map(|ip| ip.ip).collect();
         let pod_ips_is_pod_ip = matches!((&status.pod_ip, &pod_ips[..]), (Some(ip), [only]) if ip == only);
         Self {
-            name: name.unwrap_or_default().into_boxed_str(),
-            namespace: Arc::from(namespace.unwrap_or_default()),
-            labels: labels.into_iter().flatten().map(|(key, value)| (Arc::from(key), Arc::from(value))).collect(),
-            node_name: spec.node_name.map(Arc::from),
+            name: Box::from(name.as_deref().unwrap_or_default()),
+            namespace: Arc::from(namespace.as_deref().unwrap_or_default()),
+            labels: labels.into_iter().flatten().map(|(key, value)| (Arc::from(&*key), Arc::from(&*value))).collect(),
+            node_name: spec.node_name.as_deref().map(Arc::from),
             rare: RareFields {
-                uid: boxed(uid),
+                uid: boxed_text(uid),
                 deletion_timestamp,
-                hostname: boxed(spec.hostname),
-                subdomain: boxed(spec.subdomain),
+                hostname: boxed_text(spec.hostname),
+                subdomain: boxed_text(spec.subdomain),
                 ports: ports.into_boxed_slice(),
             }
             .boxed_unless_empty(),
-            phase: status.phase.map(Arc::from),
-            pod_ip: boxed(status.pod_ip),
+            phase: status.phase.as_deref().map(Arc::from),
+            pod_ip: boxed_text(status.pod_ip),
             pod_ips: if pod_ips_is_pod_ip {
                 Box::default()
             } else {
-                pod_ips.into_iter().map(String::into_boxed_str).collect()
+                pod_ips.iter().map(|ip| Box::from(&**ip)).collect()
             },
             pod_ips_is_pod_ip,
             ready,
