@@ -341,6 +341,10 @@ impl ManifestStore {
         listing_errors: Vec<ManifestError>,
     ) -> Vec<ObjectChange> {
         self.listing_errors = listing_errors;
+        // From an empty store (a first read) every object held afterwards is a change from
+        // nothing: no winner before needs remembering, object by object, and no document
+        // can be reused.
+        let from_empty = self.definitions.is_empty() && self.files.is_empty();
         let mut before: FastMap<Key, Option<Arc<Held>>> = FastMap::default();
         for path in removed {
             if let Some(record) = self.files.remove(path.as_path()) {
@@ -368,12 +372,27 @@ impl ManifestStore {
             texts.push(text);
             self.phases.read += started.elapsed();
             if batch_text >= BATCH_TEXT || i + 1 == paths.len() {
-                self.apply_batch(&paths[first..=i], std::mem::take(&mut texts), &mut before);
+                let before = (!from_empty).then_some(&mut before);
+                self.apply_batch(&paths[first..=i], std::mem::take(&mut texts), before);
                 (first, batch_text) = (i + 1, 0);
             }
         }
 
         let started = Instant::now();
+        if from_empty {
+            let mut changes: Vec<ObjectChange> = self
+                .definitions
+                .iter()
+                .filter_map(|(reference, definitions)| {
+                    let new = Arc::clone(&definitions.first()?.object);
+                    Some((Arc::clone(reference), None, Some(new)))
+                })
+                .collect();
+            changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            self.interner.forget_unused();
+            self.phases.store += started.elapsed();
+            return changes;
+        }
         let mut changes: Vec<ObjectChange> = before
             .into_iter()
             .filter_map(|(reference, old)| {
@@ -397,7 +416,7 @@ impl ManifestStore {
         &mut self,
         paths: &[Arc<Path>],
         texts: Vec<Result<String, ManifestError>>,
-        before: &mut FastMap<Key, Option<Arc<Held>>>,
+        mut before: Option<&mut FastMap<Key, Option<Arc<Held>>>>,
     ) {
         // Decide document by document what to parse.
         let started = Instant::now();
@@ -448,17 +467,21 @@ impl ManifestStore {
         let selected: Vec<Work<'_>> =
             needed.iter().map(|&index| Work { file: work[index].file, unit: work[index].unit }).collect();
         self.counters.documents_parsed += selected.len() as u64;
-        let mut results: HashMap<usize, FileContents> = needed
-            .iter()
-            .copied()
-            .zip(parse_work(&selected, paths).into_iter().map(|(_, contents)| contents))
-            .collect();
+        // By work unit (a map keyed by unit hashed and probed once per document, 110k times
+        // in a first read).
+        let mut results: Vec<Option<FileContents>> = std::iter::repeat_with(|| None).take(work.len()).collect();
+        for (&index, (_, contents)) in needed.iter().zip(parse_work(&selected, paths)) {
+            results[index] = Some(contents);
+        }
         self.phases.parse += started.elapsed();
         let started = Instant::now();
 
         for ((path, text), plan) in paths.iter().zip(texts.iter()).zip(plans) {
             let old = self.files.remove(path).unwrap_or_default();
-            let mut old_definitions = self.take_definitions(path, &old, before);
+            let mut old_definitions = match before.as_deref_mut() {
+                Some(before) => self.take_definitions(path, &old, before),
+                None => Vec::new(),
+            };
             let mut columns = DocumentColumns::default();
             let file_name: FileName = Arc::new(path.to_path_buf());
             let numbered = plan.len() > 1;
@@ -480,11 +503,15 @@ impl ManifestStore {
                         }
                     }
                     Source::Parsed(work_index) => {
-                        let contents = results.remove(&work_index).unwrap_or_default();
+                        let contents = results[work_index].take().unwrap_or_default();
                         errors = contents.errors;
                         for (n, ParsedObject { object, position }) in contents.objects.into_iter().enumerate() {
                             let reference = self.key(object.reference());
-                            before.entry(reference.clone()).or_insert_with(|| winner(&self.definitions, &reference));
+                            if let Some(before) = before.as_deref_mut() {
+                                before
+                                    .entry(reference.clone())
+                                    .or_insert_with(|| winner(&self.definitions, &reference));
+                            }
                             objects.push(reference.clone());
                             let definition = Definition {
                                 file: Arc::clone(&file_name),
