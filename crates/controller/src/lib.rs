@@ -54,6 +54,7 @@ pub use load_balancer::{LbAllocator, LbAssignment, LbOutcome, LbProblem, LbReaso
 pub use object_key::ObjectKey;
 pub use reconcile::{ClusterObjects, Reconciled, assign_load_balancers, is_managed_by_us, reconcile};
 pub use slices::{
-    LABEL_HEADLESS, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY, MAX_ENDPOINTS_PER_SLICE, PodFacts, PodIndex,
-    SlicePlanner, plan_slices, plan_slices_from,
+    LABEL_HEADLESS, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY, MAX_ENDPOINTS_PER_SLICE, PlannedEndpoint,
+    PlannedSlice, PodFacts, PodIndex, ServiceSlices, SlicePlanner, plan_slice_shapes_from, plan_slices,
+    plan_slices_from,
 };

@@ -76,7 +76,18 @@ pub fn plan_slices_from<P: PodFacts>(
     candidates: &[P],
     nodes: &[Node],
 ) -> Result<Vec<EndpointSlice>, ControllerError> {
-    let Some(target) = Target::of(service)? else { return Ok(Vec::new()) };
+    Ok(plan_slice_shapes_from(service, candidates, nodes)?.map(|planned| planned.endpoint_slices()).unwrap_or_default())
+}
+
+/// The same as [`plan_slices_from`], with the slices as planned rather than written as
+/// objects (`None` for a Service that gets no slices from us): for a feed that converts
+/// slices into a model of its own, which then need not be built as objects first.
+pub fn plan_slice_shapes_from<'a, P: PodFacts>(
+    service: &'a Service,
+    candidates: &'a [P],
+    nodes: &'a [Node],
+) -> Result<Option<ServiceSlices<'a>>, ControllerError> {
+    let Some(target) = Target::of(service)? else { return Ok(None) };
     let zones = Zones::new(nodes);
     let selected: Vec<&P> = candidates
         .iter()
@@ -86,7 +97,78 @@ pub fn plan_slices_from<P: PodFacts>(
                 && has_labels(*pod, target.selector)
         })
         .collect();
-    Ok(target.slices(&selected, &zones))
+    let slices = target.plan(&selected, &zones);
+    Ok(Some(ServiceSlices { target, slices }))
+}
+
+/// A Service's EndpointSlices as planned ([`plan_slice_shapes_from`]).
+#[derive(Debug)]
+pub struct ServiceSlices<'a> {
+    target: Target<'a>,
+    slices: Vec<PlannedSlice<'a>>,
+}
+
+impl<'a> ServiceSlices<'a> {
+    /// The slices, IPv4 ones first, in the order [`plan_slices`] returns them.
+    pub fn slices(&self) -> &[PlannedSlice<'a>] {
+        &self.slices
+    }
+
+    /// The Service the slices are for.
+    pub fn service(&self) -> &ObjectKey {
+        &self.target.key
+    }
+
+    /// Whether every slice of the Service carries the label `key` (its own labels are
+    /// copied onto its slices, with the ones this controller sets).
+    pub fn slices_carry_label(&self, key: &str) -> bool {
+        match key {
+            LABEL_SERVICE_NAME | LABEL_MANAGED_BY => true,
+            LABEL_HEADLESS => self.target.headless,
+            _ => self.target.service.metadata.labels.as_ref().is_some_and(|labels| labels.contains_key(key)),
+        }
+    }
+
+    /// `slice` (one of [`Self::slices`]) written as the EndpointSlice object.
+    pub fn endpoint_slice(&self, slice: &PlannedSlice<'_>) -> EndpointSlice {
+        self.target.endpoint_slice(slice)
+    }
+
+    /// Every slice written as an EndpointSlice object.
+    pub fn endpoint_slices(&self) -> Vec<EndpointSlice> {
+        self.slices.iter().map(|slice| self.endpoint_slice(slice)).collect()
+    }
+}
+
+/// One EndpointSlice as planned, before it is written as an object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedSlice<'a> {
+    pub name: String,
+    pub family: IpFamily,
+    /// As the slice lists them: name, protocol and number always set.
+    pub ports: Vec<EndpointPort>,
+    /// Sorted by address, then Pod name.
+    pub endpoints: Vec<PlannedEndpoint<'a>>,
+}
+
+/// One endpoint of a [`PlannedSlice`], its strings borrowed from its Pod and the Nodes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlannedEndpoint<'a> {
+    pub address: IpAddr,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub node_name: Option<&'a str>,
+    /// The zone of its node.
+    pub zone: Option<&'a str>,
+    /// The Pod's `spec.hostname`, when its `spec.subdomain` is the Service's name.
+    pub hostname: Option<&'a str>,
+    /// The zone it is hinted for (`forZones`), if any.
+    pub hint_zone: Option<&'a str>,
+    /// The node it is hinted for (`forNodes`), if any.
+    pub hint_node: Option<&'a str>,
+    pub pod_name: Option<&'a str>,
+    pub pod_uid: Option<&'a str>,
 }
 
 /// What slice planning reads of a Pod, and all it reads: the planner sees Pods only
@@ -384,12 +466,17 @@ impl<'s> Target<'s> {
         }))
     }
 
-    fn slices<P: PodFacts>(&self, pods: &[P], zones: &Zones<'_>) -> Vec<EndpointSlice> {
+    fn slices<P: PodFacts>(&self, pods: &[&P], zones: &Zones<'_>) -> Vec<EndpointSlice> {
+        self.plan(pods, zones).iter().map(|slice| self.endpoint_slice(slice)).collect()
+    }
+
+    /// The slices of `pods` (already selected), as planned: see the module documentation.
+    fn plan<'p, P: PodFacts>(&self, pods: &[&'p P], zones: &Zones<'p>) -> Vec<PlannedSlice<'p>> {
         // Pods grouped by their resolved target ports (`None`: the named port is missing),
         // then by family (`[IPv4, IPv6]`).
-        type Group = [Vec<(IpAddr, Endpoint)>; 2];
-        let mut groups: BTreeMap<Vec<Option<i32>>, Group> = BTreeMap::new();
-        for pod in pods {
+        type Group<'p> = [Vec<PlannedEndpoint<'p>>; 2];
+        let mut groups: BTreeMap<Vec<Option<i32>>, Group<'p>> = BTreeMap::new();
+        for &pod in pods {
             let resolved: Vec<Option<i32>> = self.ports.iter().map(|port| resolve_target_port(port, pod)).collect();
             let group = groups.entry(resolved).or_default();
             let mut seen = [false; 2];
@@ -400,11 +487,11 @@ impl<'s> Target<'s> {
                     continue;
                 }
                 seen[slot] = true;
-                group[slot].push((ip, self.endpoint(pod, ip, zones)));
+                group[slot].push(self.endpoint(pod, ip, zones));
             }
         }
 
-        let mut by_family: [Vec<EndpointSlice>; 2] = Default::default();
+        let mut by_family: [Vec<PlannedSlice<'p>>; 2] = Default::default();
         for (resolved, group) in groups {
             let ports: Vec<EndpointPort> = self
                 .ports
@@ -418,19 +505,18 @@ impl<'s> Target<'s> {
                     continue;
                 }
                 let family = [IpFamily::V4, IpFamily::V6][slot];
-                endpoints.sort_by(|(a_ip, a), (b_ip, b)| a_ip.cmp(b_ip).then_with(|| pod_name(a).cmp(pod_name(b))));
-                let mut endpoints = endpoints.into_iter().map(|(_, endpoint)| endpoint).peekable();
+                endpoints.sort_by(|a, b| {
+                    a.address
+                        .cmp(&b.address)
+                        .then_with(|| a.pod_name.unwrap_or_default().cmp(b.pod_name.unwrap_or_default()))
+                });
+                let mut endpoints = endpoints.into_iter().peekable();
                 let mut index = 0;
                 while endpoints.peek().is_some() {
-                    let chunk: Vec<Endpoint> = endpoints.by_ref().take(MAX_ENDPOINTS_PER_SLICE).collect();
+                    let chunk: Vec<PlannedEndpoint<'p>> = endpoints.by_ref().take(MAX_ENDPOINTS_PER_SLICE).collect();
                     let identity = format!("{}/{family}/{}/{index}", self.key, port_text.join(","));
                     let name = format!("{}-{}", self.key.name, stable_suffix(&identity, SUFFIX_LEN));
-                    by_family[slot].push(EndpointSlice {
-                        metadata: self.slice_metadata(name),
-                        address_type: family.kubernetes_name().to_owned(),
-                        endpoints: chunk,
-                        ports: Some(ports.clone()),
-                    });
+                    by_family[slot].push(PlannedSlice { name, family, ports: ports.clone(), endpoints: chunk });
                     index += 1;
                 }
             }
@@ -440,38 +526,60 @@ impl<'s> Target<'s> {
         slices
     }
 
-    fn endpoint<P: PodFacts>(&self, pod: &P, ip: IpAddr, zones: &Zones<'_>) -> Endpoint {
+    fn endpoint<'p, P: PodFacts>(&self, pod: &'p P, address: IpAddr, zones: &Zones<'p>) -> PlannedEndpoint<'p> {
         let serving = pod.is_ready();
         let terminating = pod.is_terminating();
-        let node_name = pod.node_name().map(str::to_owned);
-        let hostname = pod
-            .hostname()
-            .filter(|hostname| !hostname.is_empty() && pod.subdomain() == Some(self.key.name.as_str()))
-            .map(str::to_owned);
-        let zone = node_name.as_deref().and_then(|node| zones.of(node)).map(str::to_owned);
-        let for_zones = zone.as_ref().filter(|_| self.hints != Hints::None).map(|z| vec![ForZone { name: z.clone() }]);
-        let for_nodes =
-            node_name.as_ref().filter(|_| self.hints == Hints::SameNode).map(|n| vec![ForNode { name: n.clone() }]);
+        let node_name = pod.node_name();
+        let hostname =
+            pod.hostname().filter(|hostname| !hostname.is_empty() && pod.subdomain() == Some(self.key.name.as_str()));
+        let zone = node_name.and_then(|node| zones.of(node));
         // Only ready endpoints carry hints, as upstream: the proxy weighs hints over ready ones.
         let ready = self.publish_not_ready || (serving && !terminating);
-        let hints =
-            (ready && (for_zones.is_some() || for_nodes.is_some())).then_some(EndpointHints { for_zones, for_nodes });
+        PlannedEndpoint {
+            address,
+            ready,
+            serving,
+            terminating,
+            node_name,
+            zone,
+            hostname,
+            hint_zone: zone.filter(|_| ready && self.hints != Hints::None),
+            hint_node: node_name.filter(|_| ready && self.hints == Hints::SameNode),
+            pod_name: pod.name(),
+            pod_uid: pod.uid(),
+        }
+    }
+
+    /// `planned` written as the EndpointSlice object.
+    fn endpoint_slice(&self, planned: &PlannedSlice<'_>) -> EndpointSlice {
+        EndpointSlice {
+            metadata: self.slice_metadata(planned.name.clone()),
+            address_type: planned.family.kubernetes_name().to_owned(),
+            endpoints: planned.endpoints.iter().map(|endpoint| self.endpoint_object(endpoint)).collect(),
+            ports: Some(planned.ports.clone()),
+        }
+    }
+
+    fn endpoint_object(&self, planned: &PlannedEndpoint<'_>) -> Endpoint {
+        let for_zones = planned.hint_zone.map(|zone| vec![ForZone { name: zone.to_owned() }]);
+        let for_nodes = planned.hint_node.map(|node| vec![ForNode { name: node.to_owned() }]);
+        let hints = (for_zones.is_some() || for_nodes.is_some()).then_some(EndpointHints { for_zones, for_nodes });
         Endpoint {
-            addresses: vec![ip.to_string()],
+            addresses: vec![planned.address.to_string()],
             hints,
             conditions: Some(EndpointConditions {
-                ready: Some(ready),
-                serving: Some(serving),
-                terminating: Some(terminating),
+                ready: Some(planned.ready),
+                serving: Some(planned.serving),
+                terminating: Some(planned.terminating),
             }),
-            hostname,
-            zone,
-            node_name,
+            hostname: planned.hostname.map(str::to_owned),
+            zone: planned.zone.map(str::to_owned),
+            node_name: planned.node_name.map(str::to_owned),
             target_ref: Some(ObjectReference {
                 kind: Some("Pod".to_owned()),
                 namespace: Some(self.key.namespace.clone()),
-                name: pod.name().map(str::to_owned),
-                uid: pod.uid().map(str::to_owned),
+                name: planned.pod_name.map(str::to_owned),
+                uid: planned.pod_uid.map(str::to_owned),
                 ..ObjectReference::default()
             }),
             ..Endpoint::default()
@@ -558,10 +666,6 @@ fn is_endpoint_candidate<P: PodFacts>(pod: &P) -> bool {
 
 fn has_labels<P: PodFacts>(pod: &P, selector: &BTreeMap<String, String>) -> bool {
     selector.iter().all(|(key, value)| pod.label(key) == Some(value.as_str()))
-}
-
-fn pod_name(endpoint: &Endpoint) -> &str {
-    endpoint.target_ref.as_ref().and_then(|r| r.name.as_deref()).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -579,6 +579,60 @@ pub fn slice_to_core(slice: &EndpointSlice) -> Result<Option<model::EndpointSlic
     check.finish(model::EndpointSlice { name, service, family, ports, endpoints, last_change_trigger })
 }
 
+/// A slice the controller planned (one of `planned`'s), converted without being written
+/// as an EndpointSlice object first: what [`slice_to_core`] makes of that object, when
+/// it is sure to convert cleanly. `None` when it may not (a headless Service or one of
+/// another proxy, an IPv4-mapped address [`new_slice_address_errors`] refuses, a port
+/// number or protocol out of range): the caller then converts the object, so that
+/// every such case keeps its one path and its messages.
+pub fn planned_slice_to_core(
+    planned: &svcplane_controller::ServiceSlices<'_>,
+    slice: &svcplane_controller::PlannedSlice<'_>,
+) -> Option<model::EndpointSlice> {
+    if planned.slices_carry_label(HEADLESS_LABEL) || planned.slices_carry_label(SERVICE_PROXY_NAME_LABEL) {
+        return None;
+    }
+    let mapped = |address: &IpAddr| matches!(address, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some());
+    if slice.endpoints.iter().any(|endpoint| mapped(&endpoint.address)) {
+        return None;
+    }
+    let mut ports = Vec::with_capacity(slice.ports.len());
+    for port in &slice.ports {
+        let number = u16::try_from(port.port?).ok().filter(|number| *number != 0)?;
+        let protocol = match port.protocol.as_deref() {
+            None | Some("") => Protocol::Tcp,
+            Some(text) => Protocol::from_kubernetes(text)?,
+        };
+        ports.push(model::EndpointPort { name: port.name.clone().unwrap_or_default(), protocol, port: number });
+    }
+    let named = |text: Option<&str>| text.filter(|text| !text.is_empty()).map(model::intern);
+    let endpoints = slice
+        .endpoints
+        .iter()
+        .map(|endpoint| model::Endpoint {
+            address: endpoint.address,
+            ready: endpoint.ready,
+            serving: endpoint.serving,
+            terminating: endpoint.terminating,
+            node_name: named(endpoint.node_name),
+            zone: named(endpoint.zone),
+            hints: model::EndpointHints::boxed(
+                endpoint.hint_zone.into_iter().map(model::intern).collect(),
+                endpoint.hint_node.into_iter().map(model::intern).collect(),
+            ),
+        })
+        .collect();
+    let service = planned.service();
+    Some(model::EndpointSlice {
+        name: NamespacedName::new(&*service.namespace, &*slice.name),
+        service: NamespacedName::new(&*service.namespace, &*service.name),
+        family: slice.family,
+        ports,
+        endpoints,
+        last_change_trigger: None,
+    })
+}
+
 /// The most endpoints one EndpointSlice may hold (the kube-apiserver's limit).
 const MAX_SLICE_ENDPOINTS: usize = 1000;
 
@@ -1043,5 +1097,98 @@ mod tests {
         let tainted = json!({"metadata": {"name": "n1"},
             "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]}});
         assert!(node(tainted).leaving);
+    }
+
+    #[test]
+    fn a_planned_slice_converts_to_what_its_endpoint_slice_object_converts_to_or_is_left_to_that_path() {
+        use k8s_openapi::api::core::v1::Pod;
+        let pod = |name: &str, node: &str, ips: &[&str], ready: bool, extra: serde_json::Value| -> Pod {
+            let mut value = json!({
+                "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"), "labels": {"app": "web"}},
+                "spec": {"nodeName": node, "hostname": name, "subdomain": "web",
+                         "containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080},
+                                                                 {"name": "dns", "containerPort": 5353, "protocol": "UDP"}]}]},
+                "status": {"podIP": ips[0], "podIPs": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
+                           "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}
+            });
+            if let (Some(target), Some(extra)) = (value.get_mut("metadata"), extra.as_object()) {
+                for (key, field) in extra {
+                    target[key] = field.clone();
+                }
+            }
+            serde_json::from_value(value).unwrap()
+        };
+        let pods = vec![
+            pod("a", "node1", &["198.18.129.2", "2001:db8:1:1::2"], true, json!({})),
+            pod("b", "node2", &["198.18.130.3"], false, json!({})),
+            pod("c", "node2", &["198.18.130.4"], true, json!({"deletionTimestamp": "2026-01-01T00:00:00Z"})),
+            pod("d", "node3", &["2001:db8:1:2::5"], true, json!({})),
+        ];
+        let nodes: Vec<Node> = ["node1", "node2"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                serde_json::from_value(json!({"metadata": {"name": name,
+                    "labels": {"topology.kubernetes.io/zone": format!("zone-{i}")}}}))
+                .unwrap()
+            })
+            .collect();
+        let web = |name: &str, spec: serde_json::Value, labels: serde_json::Value| -> Service {
+            let mut value = json!({
+                "metadata": {"name": name, "namespace": "shop", "labels": labels},
+                "spec": {"selector": {"app": "web"}, "ipFamilies": ["IPv4", "IPv6"],
+                         "ports": [{"name": "http", "port": 80, "targetPort": "http"},
+                                   {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns"},
+                                   {"name": "raw", "port": 90, "targetPort": 9090}]}
+            });
+            for (key, field) in spec.as_object().unwrap() {
+                value["spec"][key] = field.clone();
+            }
+            service(value)
+        };
+        // (Service, whether its slices convert as planned)
+        let cases = [
+            (web("plain", json!({}), json!({})), true),
+            (web("same-node", json!({"trafficDistribution": "PreferSameNode"}), json!({"team": "x"})), true),
+            (
+                web(
+                    "close",
+                    json!({"trafficDistribution": "PreferClose", "publishNotReadyAddresses": true}),
+                    json!({}),
+                ),
+                true,
+            ),
+            (web("sctp", json!({"ports": [{"name": "s", "port": 7, "protocol": "SCTP"}]}), json!({})), true),
+            (web("headless", json!({"clusterIP": "None"}), json!({})), false),
+            (web("other-proxy", json!({}), json!({"service.kubernetes.io/service-proxy-name": "x"})), false),
+            (
+                web("port-out-of-range", json!({"ports": [{"name": "p", "port": 80, "targetPort": 70000}]}), json!({})),
+                false,
+            ),
+        ];
+        for (service, direct) in &cases {
+            let name = service.metadata.name.clone().unwrap();
+            let shapes = svcplane_controller::plan_slice_shapes_from(service, &pods, &nodes).unwrap().unwrap();
+            assert!(!shapes.slices().is_empty(), "{name}: slices planned");
+            for shape in shapes.slices() {
+                let object = shapes.endpoint_slice(shape);
+                let via_object = slice_to_core(&object);
+                match planned_slice_to_core(&shapes, shape) {
+                    Some(core) => {
+                        assert!(*direct, "{name}: converted as planned");
+                        assert!(new_slice_address_errors(&object).is_empty());
+                        assert_eq!(via_object, Ok(Some(core)), "{name}: {object:#?}");
+                    }
+                    None => assert!(!*direct, "{name}: left to the object's conversion"),
+                }
+            }
+        }
+
+        // An IPv4-mapped address: the object's conversion refuses it, naming it.
+        let mapped = vec![pod("m", "node1", &["::ffff:198.18.1.1"], true, json!({}))];
+        let service = web("mapped", json!({"ipFamilies": ["IPv6"]}), json!({}));
+        let shapes = svcplane_controller::plan_slice_shapes_from(&service, &mapped, &nodes).unwrap().unwrap();
+        assert!(shapes.slices().iter().all(|shape| planned_slice_to_core(&shapes, shape).is_none()));
+        assert!(!new_slice_address_errors(&shapes.endpoint_slice(&shapes.slices()[0])).is_empty());
     }
 }

@@ -8,7 +8,7 @@
 //! ([`Allocator::allocate_changed`]: everyone else keeps what they hold; handed over in the
 //! order of a complete read, path then document, since two Services asking for one ClusterIP
 //! are settled by that order), planned
-//! ([`plan_slices_from`]) and converted; the result is a [`PartialSnapshot`] for the differ.
+//! ([`plan_slice_shapes_from`]) and converted; the result is a [`PartialSnapshot`] for the differ.
 //! LoadBalancer pools are the exception: with any pool present, a Service or pool change
 //! assigns load balancer addresses over all Services, as [`svcplane_controller::reconcile`]
 //! does.
@@ -19,11 +19,13 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use svcplane_controller::load_balancer::LoadBalancerIPPool;
 use svcplane_controller::{
-    Allocator, ControllerError, ObjectKey, assign_load_balancers, is_managed_by_us, plan_slices_from,
+    Allocator, ControllerError, ObjectKey, assign_load_balancers, is_managed_by_us, plan_slice_shapes_from,
 };
 use svcplane_core::model::NamespacedName;
 
-use crate::convert::{FieldError, new_slice_address_errors, node_to_core, service_to_core, slice_to_core};
+use crate::convert::{
+    FieldError, new_slice_address_errors, node_to_core, planned_slice_to_core, service_to_core, slice_to_core,
+};
 use crate::diff::PartialSnapshot;
 use crate::held::{HeldPod, NamedPod, ServiceRecord};
 use crate::manifests::{ObjectKind, ObjectRef};
@@ -409,16 +411,24 @@ impl DeltaState {
         };
         let Some(service) = &service else { return planned };
         let candidates = self.candidates(reference, service, store);
-        match plan_slices_from(service, &candidates, &self.node_list) {
+        match plan_slice_shapes_from(service, &candidates, &self.node_list) {
             Err(error) => planned.refused = Some(error),
             Ok(slices) => {
                 match service_to_core(service) {
                     Ok(core) => planned.service = core,
                     Err(found) => planned.errors.extend(found),
                 }
-                for slice in &slices {
-                    let strict = new_slice_address_errors(slice);
-                    match slice_to_core(slice) {
+                let shapes = slices.iter().flat_map(|slices| slices.slices().iter().map(move |shape| (slices, shape)));
+                for (slices, shape) in shapes {
+                    // Converted as planned; written as the object first only where the
+                    // conversion has something to say about it.
+                    if let Some(core) = planned_slice_to_core(slices, shape) {
+                        planned.slices.push(core);
+                        continue;
+                    }
+                    let slice = slices.endpoint_slice(shape);
+                    let strict = new_slice_address_errors(&slice);
+                    match slice_to_core(&slice) {
                         Ok(Some(core)) if strict.is_empty() => planned.slices.push(core),
                         Ok(_) => planned.errors.extend(strict),
                         Err(found) => {
