@@ -734,7 +734,7 @@ pub(crate) enum Unit<'a> {
     Json(&'a str),
 }
 
-impl Work<'_> {
+impl<'a> Work<'a> {
     fn len(&self) -> usize {
         match &self.unit {
             Unit::Yaml { document, .. } => document.text.len(),
@@ -742,10 +742,10 @@ impl Work<'_> {
         }
     }
 
-    fn parse(&self, path: &Arc<Path>) -> FileContents {
+    fn parse(&self, path: &Arc<Path>, scratch: &mut simple_yaml::Scratch<'a>) -> FileContents {
         let mut out = FileContents::default();
         match &self.unit {
-            Unit::Yaml { document, index } => parse_yaml_document(path, document, *index, &mut out),
+            Unit::Yaml { document, index } => parse_yaml_document(path, document, *index, &mut out, scratch),
             Unit::Json(text) => parse_json_file(path, text, &mut out),
         }
         out
@@ -761,7 +761,8 @@ pub(crate) fn parse_work(work: &[Work<'_>], paths: &[Arc<Path>]) -> Vec<(usize, 
         .min(MAX_PARSE_THREADS)
         .min(total / PARALLEL_PARSE_THRESHOLD + 1);
     let parse_chunk = |chunk: &[Work<'_>]| -> Vec<(usize, FileContents)> {
-        chunk.iter().map(|w| (w.file, w.parse(&paths[w.file]))).collect()
+        let mut scratch = simple_yaml::Scratch::default();
+        chunk.iter().map(|w| (w.file, w.parse(&paths[w.file], &mut scratch))).collect()
     };
     if threads <= 1 {
         return parse_chunk(work);
@@ -1013,7 +1014,13 @@ fn plain_word(rest: &str) -> Option<&str> {
     is_word.then_some(value)
 }
 
-fn parse_yaml_document(file: &Arc<Path>, document: &Document<'_>, index: Option<usize>, out: &mut FileContents) {
+fn parse_yaml_document<'a>(
+    file: &Arc<Path>,
+    document: &Document<'a>,
+    index: Option<usize>,
+    out: &mut FileContents,
+    scratch: &mut simple_yaml::Scratch<'a>,
+) {
     let position = Position { document: index, line: Some(document.content_line), ..Position::file(file) };
     // Errors point at the document's first line unless the parser knows better.
     let error_position = position.clone();
@@ -1039,7 +1046,7 @@ fn parse_yaml_document(file: &Arc<Path>, document: &Document<'_>, index: Option<
         Class::Object(kind) => {
             // Plain documents are read by the fast reader; anything it leaves, or whose value
             // does not decode, goes through the full parser (whose errors carry lines).
-            if let Some(object) = decode_plain(kind, text) {
+            if let Some(object) = decode_plain(kind, text, scratch) {
                 accept(object, position, out);
                 return;
             }
@@ -1076,13 +1083,13 @@ fn parse_object(kind: ObjectKind, text: &str) -> Result<AnyObject, Failure> {
 
 /// A plain document read by the fast reader into its object, `None` when the reader gives
 /// up or the object does not decode (the full parser then reads it and names the error).
-fn decode_plain(kind: ObjectKind, text: &str) -> Option<AnyObject> {
+fn decode_plain<'a>(kind: ObjectKind, text: &'a str, scratch: &mut simple_yaml::Scratch<'a>) -> Option<AnyObject> {
     Some(match kind {
-        ObjectKind::Service => AnyObject::Service(Box::new(simple_yaml::decode(text)?)),
-        ObjectKind::Pod => AnyObject::Pod(Box::new(simple_yaml::decode(text)?)),
-        ObjectKind::Node => AnyObject::Node(Box::new(simple_yaml::decode(text)?)),
-        ObjectKind::EndpointSlice => AnyObject::Slice(Box::new(simple_yaml::decode(text)?)),
-        ObjectKind::LoadBalancerIPPool => AnyObject::Pool(Box::new(simple_yaml::decode(text)?)),
+        ObjectKind::Service => AnyObject::Service(Box::new(simple_yaml::decode(text, scratch)?)),
+        ObjectKind::Pod => AnyObject::Pod(Box::new(simple_yaml::decode(text, scratch)?)),
+        ObjectKind::Node => AnyObject::Node(Box::new(simple_yaml::decode(text, scratch)?)),
+        ObjectKind::EndpointSlice => AnyObject::Slice(Box::new(simple_yaml::decode(text, scratch)?)),
+        ObjectKind::LoadBalancerIPPool => AnyObject::Pool(Box::new(simple_yaml::decode(text, scratch)?)),
     })
 }
 
@@ -1317,13 +1324,13 @@ spec:
         let service = "apiVersion: v1\nkind: Service\nmetadata:\n  name: svc-1\n  namespace: bench\nspec:\n  type: NodePort\n  clusterIP: 198.19.0.16\n  selector:\n    app: svc-1\n  ports:\n    - name: http\n      protocol: TCP\n      port: 80\n      targetPort: 8080\n    - name: named\n      port: 81\n      targetPort: http\n";
         let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: svc-1-0\n  namespace: bench\n  uid: u-1\n  labels:\n    app: svc-1\n  deletionTimestamp: 2026-01-01T00:00:00Z\nspec:\n  nodeName: node2\n  hostname: a\n  containers:\n  - name: app\n    image: bench\n    ports:\n    - name: http\n      containerPort: 8080\nstatus:\n  phase: Running\n  podIP: 198.18.160.1\n  podIPs:\n    - ip: 198.18.160.1\n  conditions:\n    - type: Ready\n      status: \"True\"\n";
         let slice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  labels:\n    kubernetes.io/service-name: web\naddressType: IPv4\nports:\n  - port: 8080\nendpoints:\n  - addresses:\n      - 198.18.0.2\n    conditions:\n      ready: true\n";
-        let service_fast = decode_plain(ObjectKind::Service, service).unwrap();
+        let service_fast = decode_plain(ObjectKind::Service, service, &mut simple_yaml::Scratch::default()).unwrap();
         let service_full = AnyObject::Service(Box::new(parse_yaml(service).unwrap()));
         assert_eq!(service_fast, service_full);
-        let pod_fast = decode_plain(ObjectKind::Pod, pod).unwrap();
+        let pod_fast = decode_plain(ObjectKind::Pod, pod, &mut simple_yaml::Scratch::default()).unwrap();
         let pod_full = AnyObject::Pod(Box::new(parse_yaml(pod).unwrap()));
         assert_eq!(pod_fast, pod_full);
-        let slice_fast = decode_plain(ObjectKind::EndpointSlice, slice).unwrap();
+        let slice_fast = decode_plain(ObjectKind::EndpointSlice, slice, &mut simple_yaml::Scratch::default()).unwrap();
         let slice_full = AnyObject::Slice(Box::new(parse_yaml(slice).unwrap()));
         assert_eq!(slice_fast, slice_full);
     }
@@ -1350,7 +1357,7 @@ spec:
         ];
         for (kind, text) in documents {
             let full = parse_object(kind, text).unwrap_or_else(|failure| panic!("{text}: {}", failure.reason));
-            assert_eq!(decode_plain(kind, text), Some(full), "{text}");
+            assert_eq!(decode_plain(kind, text, &mut simple_yaml::Scratch::default()), Some(full), "{text}");
         }
     }
 
@@ -1361,15 +1368,15 @@ spec:
             "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports:\n    - port: 99999999999\n",
             "apiVersion: v1\nkind: Service\nmetadata:\n  name: 7\n",
         ] {
-            assert!(simple_yaml::tree(text).is_some(), "{text}");
-            assert_eq!(decode_plain(ObjectKind::Service, text), None, "{text}");
+            assert!(simple_yaml::is_plain(text), "{text}");
+            assert_eq!(decode_plain(ObjectKind::Service, text, &mut simple_yaml::Scratch::default()), None, "{text}");
         }
     }
 
     #[test]
     fn a_plain_document_with_a_wrong_type_still_gets_the_yaml_parser_s_error_with_its_line() {
         let text = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports:\n    - name: http\n      port: eighty\n";
-        assert!(simple_yaml::tree(text).is_some(), "plain enough for the fast reader");
+        assert!(simple_yaml::is_plain(text), "plain enough for the fast reader");
         let loaded = parse_manifest_text(Path::new("web.yaml"), text);
         let messages = messages(&loaded);
         assert_eq!(messages.len(), 1, "{messages:?}");

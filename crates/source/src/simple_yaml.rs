@@ -21,7 +21,8 @@
 //! the full parser, so a type this reader chose differently can only cost time, never
 //! change an answer or an error message.
 //!
-//! The document is read into a [`Node`] tree that borrows its strings from the text, and
+//! The document is read into a [`Node`] tree that borrows its strings from the text (its
+//! collections in buffers a thread reuses from document to document, [`Scratch`]), and
 //! the caller's type is deserialized from that tree the way it would be from the JSON value
 //! of the document (numbers, nulls, options and enums alike): no key or string is copied
 //! on the way, and a failed decode says only that the fast path does not apply.
@@ -33,28 +34,75 @@ use serde::forward_to_deserialize_any;
 #[cfg(test)]
 use serde_json::Value;
 
-/// A plain document, its strings borrowed from the text. Mapping entries keep the
-/// document's order (keys are unique: a duplicate makes the reader give up).
-#[derive(Debug, Clone, PartialEq)]
+/// A plain document's node, its strings borrowed from the text. A collection is a span
+/// of its tree's entries ([`Scratch`]): mapping entries keep the document's order (keys
+/// are unique: a duplicate makes the reader give up); sequence items have empty keys.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Node<'a> {
     Null,
     Bool(bool),
     Int(i64),
     Str(&'a str),
-    Seq(Vec<Node<'a>>),
-    Map(Vec<(&'a str, Node<'a>)>),
+    Seq(Span),
+    Map(Span),
+}
+
+/// Where a collection's entries are among its tree's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Span {
+    start: u32,
+    len: u32,
+}
+
+/// What reading a document needs beyond its text: its lines, and its tree's entries, each
+/// collection's together. One thread reads document after document with one `Scratch`, so
+/// once its buffers have grown a plain document costs no allocation of its own (a tree of
+/// its own vectors was a dozen allocations per Pod, a third of the parse).
+#[derive(Debug, Default)]
+pub(crate) struct Scratch<'a> {
+    lines: Vec<Line<'a>>,
+    tree: Tree<'a>,
+}
+
+#[derive(Debug, Default)]
+struct Tree<'a> {
+    /// Every collection's entries, each collection's contiguous.
+    entries: Vec<(&'a str, Node<'a>)>,
+    /// The entries of the collections being read, moved to `entries` when one ends.
+    pending: Vec<(&'a str, Node<'a>)>,
+}
+
+impl<'a> Tree<'a> {
+    /// Moves the pending entries from `mark` on into place, as one collection.
+    fn close(&mut self, mark: usize) -> Option<Span> {
+        let start = u32::try_from(self.entries.len()).ok()?;
+        let len = u32::try_from(self.pending.len() - mark).ok()?;
+        self.entries.extend(self.pending.drain(mark..));
+        Some(Span { start, len })
+    }
+
+    fn of(&self, span: Span) -> &[(&'a str, Node<'a>)] {
+        &self.entries[span.start as usize..(span.start + span.len) as usize]
+    }
 }
 
 /// The document decoded into `T`, or `None` when it is not plain enough (see the module)
 /// or does not decode: the caller then asks the full parser, whose errors name lines.
-pub(crate) fn decode<'a, T: de::Deserialize<'a>>(text: &'a str) -> Option<T> {
-    T::deserialize(&tree(text)?).ok()
+pub(crate) fn decode<'a, T: de::Deserialize<'a>>(text: &'a str, scratch: &mut Scratch<'a>) -> Option<T> {
+    let root = tree(text, scratch)?;
+    T::deserialize(At { tree: &scratch.tree, node: root }).ok()
 }
 
 /// The document as a JSON value (tests compare it with the full parser's).
 #[cfg(test)]
 pub(crate) fn parse(text: &str) -> Option<Value> {
-    decode(text)
+    decode(text, &mut Scratch::default())
+}
+
+/// Whether the document is plain enough for this reader (tests).
+#[cfg(test)]
+pub(crate) fn is_plain(text: &str) -> bool {
+    tree(text, &mut Scratch::default()).is_some()
 }
 
 /// One non-blank, non-comment line: its indentation and its content.
@@ -64,9 +112,13 @@ struct Line<'a> {
     text: &'a str,
 }
 
-/// The document's tree, or `None` when it is not plain enough (see the module).
-pub(crate) fn tree(text: &str) -> Option<Node<'_>> {
-    let mut lines = Vec::new();
+/// The document's root node, its collections in `scratch`; `None` when it is not plain
+/// enough (see the module).
+fn tree<'a>(text: &'a str, scratch: &mut Scratch<'a>) -> Option<Node<'a>> {
+    let Scratch { lines, tree } = scratch;
+    lines.clear();
+    tree.entries.clear();
+    tree.pending.clear();
     for raw in text.lines() {
         if raw.contains('\t') || raw.ends_with('\r') {
             return None;
@@ -89,21 +141,21 @@ pub(crate) fn tree(text: &str) -> Option<Node<'_>> {
         return None;
     }
     let mut at = 0;
-    let value = node(&mut lines, &mut at, 0)?;
+    let value = node(lines, &mut at, 0, tree)?;
     (at == lines.len()).then_some(value)
 }
 
 /// The block node starting at line `at` (indented `indent`).
-fn node<'a>(lines: &mut [Line<'a>], at: &mut usize, indent: usize) -> Option<Node<'a>> {
-    if is_item(lines[*at].text) { sequence(lines, at, indent) } else { mapping(lines, at, indent) }
+fn node<'a>(lines: &mut [Line<'a>], at: &mut usize, indent: usize, tree: &mut Tree<'a>) -> Option<Node<'a>> {
+    if is_item(lines[*at].text) { sequence(lines, at, indent, tree) } else { mapping(lines, at, indent, tree) }
 }
 
 fn is_item(text: &str) -> bool {
     text == "-" || text.starts_with("- ")
 }
 
-fn mapping<'a>(lines: &mut [Line<'a>], at: &mut usize, indent: usize) -> Option<Node<'a>> {
-    let mut map: Vec<(&'a str, Node<'a>)> = Vec::new();
+fn mapping<'a>(lines: &mut [Line<'a>], at: &mut usize, indent: usize, tree: &mut Tree<'a>) -> Option<Node<'a>> {
+    let mark = tree.pending.len();
     while let Some(&line) = lines.get(*at) {
         if line.indent < indent {
             break;
@@ -117,23 +169,23 @@ fn mapping<'a>(lines: &mut [Line<'a>], at: &mut usize, indent: usize) -> Option<
         *at += 1;
         let value = if rest.is_empty() {
             match lines.get(*at) {
-                Some(next) if next.indent > indent => node(lines, at, next.indent)?,
-                Some(next) if next.indent == indent && is_item(next.text) => sequence(lines, at, indent)?,
+                Some(next) if next.indent > indent => node(lines, at, next.indent, tree)?,
+                Some(next) if next.indent == indent && is_item(next.text) => sequence(lines, at, indent, tree)?,
                 _ => Node::Null,
             }
         } else {
             scalar(rest)?
         };
-        if map.iter().any(|(seen, _)| *seen == key) {
+        if tree.pending[mark..].iter().any(|(seen, _)| *seen == key) {
             return None;
         }
-        map.push((key, value));
+        tree.pending.push((key, value));
     }
-    Some(Node::Map(map))
+    Some(Node::Map(tree.close(mark)?))
 }
 
-fn sequence<'a>(lines: &mut [Line<'a>], at: &mut usize, indent: usize) -> Option<Node<'a>> {
-    let mut items = Vec::new();
+fn sequence<'a>(lines: &mut [Line<'a>], at: &mut usize, indent: usize, tree: &mut Tree<'a>) -> Option<Node<'a>> {
+    let mark = tree.pending.len();
     while let Some(&line) = lines.get(*at) {
         if line.indent < indent || (line.indent == indent && !is_item(line.text)) {
             break;
@@ -146,18 +198,19 @@ fn sequence<'a>(lines: &mut [Line<'a>], at: &mut usize, indent: usize) -> Option
         if is_item(item) {
             return None;
         }
-        if split_key(item).is_some() {
+        let value = if split_key(item).is_some() {
             // A mapping whose first key is on the item's line: read it as if that line
             // stood on its own at the item's content indentation.
             let inner = indent + 2 + (rest.len() - item.len());
             lines[*at] = Line { indent: inner, text: item };
-            items.push(mapping(lines, at, inner)?);
+            mapping(lines, at, inner, tree)?
         } else {
             *at += 1;
-            items.push(scalar(item)?);
-        }
+            scalar(item)?
+        };
+        tree.pending.push(("", value));
     }
-    Some(Node::Seq(items))
+    Some(Node::Seq(tree.close(mark)?))
 }
 
 /// `key: rest` or `key:` with a plain key; `None` when the line is not one.
@@ -186,8 +239,8 @@ fn scalar(text: &str) -> Option<Node<'_>> {
         _ => {}
     }
     match text {
-        "{}" => return Some(Node::Map(Vec::new())),
-        "[]" => return Some(Node::Seq(Vec::new())),
+        "{}" => return Some(Node::Map(Span { start: 0, len: 0 })),
+        "[]" => return Some(Node::Seq(Span { start: 0, len: 0 })),
         _ => {}
     }
     if b"-?:,[]{}#&*!|>%@`".contains(&first) && !(first == b'-' && text.len() > 1 && text.as_bytes()[1] != b' ') {
@@ -255,30 +308,39 @@ impl de::Error for Mismatch {
     }
 }
 
+/// A node of a tree, as a deserializer.
+#[derive(Clone, Copy)]
+struct At<'t, 'a> {
+    tree: &'t Tree<'a>,
+    node: Node<'a>,
+}
+
 /// Decodes as `serde_json::Value` does from the document's JSON value: non-negative
 /// integers as `u64`, `null` as unit or `None`, a string as a unit enum variant.
-impl<'de> de::Deserializer<'de> for &Node<'de> {
+impl<'de> de::Deserializer<'de> for At<'_, 'de> {
     type Error = Mismatch;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Mismatch> {
-        match self {
+        match self.node {
             Node::Null => visitor.visit_unit(),
-            Node::Bool(value) => visitor.visit_bool(*value),
-            Node::Int(value) => match u64::try_from(*value) {
+            Node::Bool(value) => visitor.visit_bool(value),
+            Node::Int(value) => match u64::try_from(value) {
                 Ok(value) => visitor.visit_u64(value),
-                Err(_) => visitor.visit_i64(*value),
+                Err(_) => visitor.visit_i64(value),
             },
             Node::Str(text) => visitor.visit_borrowed_str(text),
-            Node::Seq(items) => {
-                let mut access = Items(items.iter());
+            Node::Seq(span) => {
+                let items = self.tree.of(span);
+                let mut access = Items { tree: self.tree, items: items.iter() };
                 let value = visitor.visit_seq(&mut access)?;
-                match access.0.len() {
+                match access.items.len() {
                     0 => Ok(value),
                     left => Err(de::Error::invalid_length(items.len() - left, &"fewer elements in the sequence")),
                 }
             }
-            Node::Map(entries) => {
-                let mut access = Entries { entries: entries.iter(), value: None };
+            Node::Map(span) => {
+                let entries = self.tree.of(span);
+                let mut access = Entries { tree: self.tree, entries: entries.iter(), value: None };
                 let value = visitor.visit_map(&mut access)?;
                 match access.entries.len() {
                     0 => Ok(value),
@@ -289,7 +351,7 @@ impl<'de> de::Deserializer<'de> for &Node<'de> {
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Mismatch> {
-        match self {
+        match self.node {
             Node::Null => visitor.visit_none(),
             _ => visitor.visit_some(self),
         }
@@ -305,8 +367,8 @@ impl<'de> de::Deserializer<'de> for &Node<'de> {
         _: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Mismatch> {
-        match self {
-            Node::Str(variant) => visitor.visit_enum((*variant).into_deserializer()),
+        match self.node {
+            Node::Str(variant) => visitor.visit_enum(variant.into_deserializer()),
             // Enums with content: left to the full parser.
             _ => Err(de::Error::custom("a plain document's enums are unit variants")),
         }
@@ -322,23 +384,27 @@ impl<'de> de::Deserializer<'de> for &Node<'de> {
     }
 }
 
-struct Items<'n, 'de>(std::slice::Iter<'n, Node<'de>>);
+struct Items<'t, 'de> {
+    tree: &'t Tree<'de>,
+    items: std::slice::Iter<'t, (&'de str, Node<'de>)>,
+}
 
 impl<'de> de::SeqAccess<'de> for Items<'_, 'de> {
     type Error = Mismatch;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, Mismatch> {
-        self.0.next().map(|item| seed.deserialize(item)).transpose()
+        self.items.next().map(|(_, item)| seed.deserialize(At { tree: self.tree, node: *item })).transpose()
     }
 
     fn size_hint(&self) -> Option<usize> {
-        Some(self.0.len())
+        Some(self.items.len())
     }
 }
 
-struct Entries<'n, 'de> {
-    entries: std::slice::Iter<'n, (&'de str, Node<'de>)>,
-    value: Option<&'n Node<'de>>,
+struct Entries<'t, 'de> {
+    tree: &'t Tree<'de>,
+    entries: std::slice::Iter<'t, (&'de str, Node<'de>)>,
+    value: Option<Node<'de>>,
 }
 
 impl<'de> de::MapAccess<'de> for Entries<'_, 'de> {
@@ -346,13 +412,13 @@ impl<'de> de::MapAccess<'de> for Entries<'_, 'de> {
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Mismatch> {
         let Some((key, value)) = self.entries.next() else { return Ok(None) };
-        self.value = Some(value);
+        self.value = Some(*value);
         seed.deserialize(de::value::BorrowedStrDeserializer::new(key)).map(Some)
     }
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, Mismatch> {
         let value = self.value.take().ok_or_else(|| de::Error::custom("a value without its key"))?;
-        seed.deserialize(value)
+        seed.deserialize(At { tree: self.tree, node: value })
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -402,5 +468,23 @@ mod tests {
         ] {
             assert_eq!(parse(text), None, "{text}");
         }
+    }
+
+    #[test]
+    fn one_scratch_reads_document_after_document_as_fresh_ones_do_even_after_giving_up_halfway() {
+        let documents = [
+            "a:\n  b:\n    - x: 1\n      y: []\n    - 2\nc: z\n",
+            "a:\n  b: 1\n  c: {d: 1}\n",
+            "- a: 1\n  b:\n  - 1\n  - 2\n- c\n",
+            "a: b\na: c\n",
+            "kind: Pod\nmetadata:\n  labels: {}\n  name: p\nspec:\n  containers: []\n",
+        ];
+        let mut scratch = Scratch::default();
+        for text in documents.iter().chain(&documents) {
+            let reused: Option<Value> = decode(text, &mut scratch);
+            assert_eq!(reused, parse(text), "{text}");
+        }
+        assert_eq!(parse(documents[0]), Some(full(documents[0])));
+        assert_eq!(parse(documents[1]), None, "a flow mapping: given up halfway");
     }
 }
