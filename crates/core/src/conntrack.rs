@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::model::{IpFamily, Protocol};
-use crate::plan::{Destination, NodePlan, PlanDiff, ServicePortPlan};
+use crate::plan::{Destination, Frontend, NodePlan, PlanDiff, ServicePortPlan};
 
 /// Where a stale flow was originally sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -28,6 +28,17 @@ pub struct StaleUdpFlows {
     pub destination: FlowDestination,
     pub port: u16,
     pub keep_replies_from: BTreeSet<SocketAddr>,
+}
+
+impl StaleUdpFlows {
+    /// The flows sent to `frontend` whose replies do not come from `keep`.
+    fn on(family: IpFamily, frontend: &Frontend, keep: &BTreeSet<SocketAddr>) -> Self {
+        let destination = match frontend.destination {
+            Destination::Address(address) => FlowDestination::Address(address),
+            Destination::NodePortAddresses => FlowDestination::NodePort,
+        };
+        Self { family, destination, port: frontend.port, keep_replies_from: keep.clone() }
+    }
 }
 
 /// Flows to any serving endpoint stay valid, whatever policy or topology now prefers, so
@@ -57,16 +68,7 @@ pub fn stale_udp_flows(plan: &NodePlan, diff: &PlanDiff) -> Vec<StaleUdpFlows> {
             continue;
         }
         for frontend in old.into_iter().chain(new).flat_map(|p| &p.frontends) {
-            let destination = match frontend.destination {
-                Destination::Address(address) => FlowDestination::Address(address),
-                Destination::NodePortAddresses => FlowDestination::NodePort,
-            };
-            cleanups.insert(StaleUdpFlows {
-                family: key.family,
-                destination,
-                port: frontend.port,
-                keep_replies_from: after.clone(),
-            });
+            cleanups.insert(StaleUdpFlows::on(key.family, frontend, &after));
         }
     }
     cleanups.into_iter().collect()
@@ -85,16 +87,7 @@ pub fn udp_flows_not_to_serving_endpoints(plan: &NodePlan) -> Vec<StaleUdpFlows>
         }
         let keep = serving(Some(port_plan));
         for frontend in &port_plan.frontends {
-            let destination = match frontend.destination {
-                Destination::Address(address) => FlowDestination::Address(address),
-                Destination::NodePortAddresses => FlowDestination::NodePort,
-            };
-            cleanups.insert(StaleUdpFlows {
-                family: key.family,
-                destination,
-                port: frontend.port,
-                keep_replies_from: keep.clone(),
-            });
+            cleanups.insert(StaleUdpFlows::on(key.family, frontend, &keep));
         }
     }
     cleanups.into_iter().collect()
