@@ -19,7 +19,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use svcplane_controller::load_balancer::LoadBalancerIPPool;
 use svcplane_controller::{
-    Allocator, ControllerError, ObjectKey, assign_load_balancers, is_managed_by_us, plan_slice_shapes_from,
+    Allocator, ControllerError, ObjectKey, PlannedSlice, ServiceSlices, assign_load_balancers, is_managed_by_us,
+    plan_slice_shapes_from,
 };
 use svcplane_core::model::NamespacedName;
 
@@ -184,6 +185,28 @@ struct PlannedService {
     slices: Vec<svcplane_core::model::EndpointSlice>,
     errors: Vec<FieldError>,
     refused: Option<ControllerError>,
+}
+
+impl PlannedService {
+    /// Converts one of the Service's planned slices: as planned, or written as the object
+    /// first where the conversion has something to say about it (see
+    /// [`planned_slice_to_core`]).
+    fn add_slice(&mut self, slices: &ServiceSlices<'_>, shape: &PlannedSlice<'_>) {
+        if let Some(core) = planned_slice_to_core(slices, shape) {
+            self.slices.push(core);
+            return;
+        }
+        let slice = slices.endpoint_slice(shape);
+        let strict = new_slice_address_errors(&slice);
+        match slice_to_core(&slice) {
+            Ok(Some(core)) if strict.is_empty() => self.slices.push(core),
+            Ok(_) => self.errors.extend(strict),
+            Err(found) => {
+                self.errors.extend(found);
+                self.errors.extend(strict);
+            }
+        }
+    }
 }
 
 /// What one step produced.
@@ -418,23 +441,9 @@ impl DeltaState {
                     Ok(core) => planned.service = core,
                     Err(found) => planned.errors.extend(found),
                 }
-                let shapes = slices.iter().flat_map(|slices| slices.slices().iter().map(move |shape| (slices, shape)));
-                for (slices, shape) in shapes {
-                    // Converted as planned; written as the object first only where the
-                    // conversion has something to say about it.
-                    if let Some(core) = planned_slice_to_core(slices, shape) {
-                        planned.slices.push(core);
-                        continue;
-                    }
-                    let slice = slices.endpoint_slice(shape);
-                    let strict = new_slice_address_errors(&slice);
-                    match slice_to_core(&slice) {
-                        Ok(Some(core)) if strict.is_empty() => planned.slices.push(core),
-                        Ok(_) => planned.errors.extend(strict),
-                        Err(found) => {
-                            planned.errors.extend(found);
-                            planned.errors.extend(strict);
-                        }
+                if let Some(slices) = &slices {
+                    for shape in slices.slices() {
+                        planned.add_slice(slices, shape);
                     }
                 }
             }
