@@ -62,8 +62,7 @@ pub fn plan_slices(
     pods: &[Pod],
     nodes: Option<&[Node]>,
 ) -> Result<Vec<EndpointSlice>, ControllerError> {
-    let candidates: Vec<&Pod> = pods.iter().collect();
-    plan_slices_from(service, &candidates, nodes.unwrap_or_default())
+    plan_slices_from(service, pods, nodes.unwrap_or_default())
 }
 
 /// The same as [`plan_slices`] over Pods the caller already narrowed down (for an
@@ -172,8 +171,7 @@ pub struct PlannedEndpoint<'a> {
 }
 
 /// What slice planning reads of a Pod, and all it reads: the planner sees Pods only
-/// through this. Implemented for `k8s-openapi` Pods (and references to anything that
-/// implements it); a feed that holds Pods in a compact form of its own implements it for
+/// through this. Implemented for `k8s-openapi` Pods; a feed that holds Pods in a compact form of its own implements it for
 /// that form.
 pub trait PodFacts {
     /// `metadata.namespace` as written (absent or empty means `default`).
@@ -203,45 +201,6 @@ pub trait PodFacts {
     /// protocol is TCP), in the containers, then the sidecars (init containers with
     /// `restartPolicy: Always`); the first that matches.
     fn named_port(&self, name: &str, protocol: &str) -> Option<i32>;
-}
-
-impl<P: PodFacts + ?Sized> PodFacts for &P {
-    fn namespace(&self) -> Option<&str> {
-        (**self).namespace()
-    }
-    fn name(&self) -> Option<&str> {
-        (**self).name()
-    }
-    fn uid(&self) -> Option<&str> {
-        (**self).uid()
-    }
-    fn label(&self, key: &str) -> Option<&str> {
-        (**self).label(key)
-    }
-    fn phase(&self) -> Option<&str> {
-        (**self).phase()
-    }
-    fn node_name(&self) -> Option<&str> {
-        (**self).node_name()
-    }
-    fn hostname(&self) -> Option<&str> {
-        (**self).hostname()
-    }
-    fn subdomain(&self) -> Option<&str> {
-        (**self).subdomain()
-    }
-    fn is_terminating(&self) -> bool {
-        (**self).is_terminating()
-    }
-    fn is_ready(&self) -> bool {
-        (**self).is_ready()
-    }
-    fn ip_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        (**self).ip_addresses()
-    }
-    fn named_port(&self, name: &str, protocol: &str) -> Option<i32> {
-        (**self).named_port(name, protocol)
-    }
 }
 
 impl PodFacts for Pod {
@@ -341,7 +300,7 @@ struct NamespacePods<'a> {
 impl<'a> PodIndex<'a> {
     pub fn new(pods: &'a [Pod]) -> Self {
         let mut namespaces: HashMap<&'a str, NamespacePods<'a>> = HashMap::new();
-        for pod in pods.iter().filter(is_endpoint_candidate) {
+        for pod in pods.iter().filter(|pod| is_endpoint_candidate(*pod)) {
             let namespace = namespaces.entry(namespace_of(&pod.metadata)).or_default();
             let index = namespace.pods.len();
             namespace.pods.push(pod);
@@ -364,7 +323,7 @@ impl<'a> PodIndex<'a> {
             }
         }
         let Some(rarest) = postings.iter().min_by_key(|list| list.len()) else { return pods.pods.clone() };
-        rarest.iter().map(|&index| pods.pods[index]).filter(|pod| has_labels(pod, selector)).collect()
+        rarest.iter().map(|&index| pods.pods[index]).filter(|pod| has_labels(*pod, selector)).collect()
     }
 }
 
