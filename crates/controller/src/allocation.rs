@@ -306,16 +306,19 @@ impl Allocator {
             self.claim_dynamic(&mut demands, d, &mut claims);
         }
 
-        let mut table = BTreeMap::new();
+        // Collected, then built in one go: a map built from sorted entries has full nodes,
+        // where inserting one at a time leaves them about two thirds full.
+        let mut entries = Vec::new();
         for (d, demand) in demands.iter().enumerate() {
             if demand.passthrough || demand.duplicate || demand.key.name.is_empty() {
                 continue;
             }
             let allocation = if demand.invalid { self.still_reserved(demand, d, &claims) } else { demand.allocation() };
             if !allocation.is_empty() {
-                table.insert(demand.key.clone(), allocation);
+                entries.push((demand.key.clone(), allocation));
             }
         }
+        let table: BTreeMap<ObjectKey, ServiceAllocation> = entries.into_iter().collect();
         let changed = table != self.held;
         self.held = table;
 
