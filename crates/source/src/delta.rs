@@ -24,14 +24,15 @@ use svcplane_controller::{
 };
 use svcplane_core::model::NamespacedName;
 
+use crate::FastMap;
 use crate::convert::{
     FieldError, new_slice_address_errors, node_to_core, planned_slice_to_core, service_to_core, slice_to_core,
 };
 use crate::diff::PartialSnapshot;
 use crate::held::{HeldPod, NamedPod, ServiceRecord};
-use crate::manifests::{ObjectKind, ObjectRef};
+use crate::manifests::{AnyObject, ObjectKind, ObjectRef};
+use crate::postings::Postings;
 use crate::store::{DefinitionOrder, Held, Key, ManifestStore, ObjectChange};
-use crate::{FastMap, FastSet};
 
 /// `(namespace, label key, label value)` hashed: a posting-list key. A collision only adds
 /// candidates, which the full selector check then drops.
@@ -43,18 +44,18 @@ fn label_key(namespace: &str, key: &str, value: &str) -> u64 {
 /// What the incremental controller remembers between edits.
 #[derive(Debug, Default)]
 pub(crate) struct DeltaState {
-    services: BTreeMap<Key, Arc<Held>>,
+    services: BTreeMap<Key, Arc<ServiceRecord>>,
     // No map of the Pods: the store holds them (a second map of 100k names was 2.2 MB).
-    nodes: BTreeMap<Key, Arc<Held>>,
+    nodes: BTreeMap<Key, Arc<AnyObject>>,
     /// The Nodes as the slice planner wants them (zones), rebuilt when one changes.
     node_list: Vec<Node>,
-    pools: BTreeMap<Key, Arc<Held>>,
+    pools: BTreeMap<Key, Arc<AnyObject>>,
     /// EndpointSlices written by hand (not ours).
-    slices: BTreeMap<Key, Arc<Held>>,
+    slices: BTreeMap<Key, Arc<AnyObject>>,
     /// Pods by `(namespace, key, value)` of each label.
-    pods_by_label: FastMap<u64, FastSet<Key>>,
+    pods_by_label: Postings,
     /// Services with a selector by `(namespace, key, value)` of their selector's first label.
-    services_by_selector: FastMap<u64, BTreeSet<Key>>,
+    services_by_selector: Postings,
     /// Services as allocated: what the allocator wrote into each (see [`Allocated`]).
     allocated: FastMap<Key, Allocated>,
     /// With LoadBalancerIPPools: every allocated Service after load balancer assignment.
@@ -85,20 +86,31 @@ enum Allocated {
     Whole(Box<Service>),
 }
 
+/// Field names are one or two letters and absent fields are left out: the text is only
+/// ever read back by this struct, and 10k of them are held (~100 bytes each, against
+/// ~190 with the full names and every `null`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 struct AllocatedFields {
+    #[serde(rename = "n", default, skip_serializing_if = "Option::is_none")]
     namespace: Option<String>,
     /// `None`: the allocated Service has no `spec` (the fields below are then unused).
+    #[serde(rename = "s", default, skip_serializing_if = "Option::is_none")]
     spec: Option<SpecFields>,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 struct SpecFields {
+    #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
     cluster_ip: Option<String>,
+    #[serde(rename = "cs", default, skip_serializing_if = "Option::is_none")]
     cluster_ips: Option<Vec<String>>,
+    #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
     ip_families: Option<Vec<String>>,
+    #[serde(rename = "p", default, skip_serializing_if = "Option::is_none")]
     ip_family_policy: Option<String>,
+    #[serde(rename = "np", default, skip_serializing_if = "Vec::is_empty")]
     node_ports: Vec<Option<i32>>,
+    #[serde(rename = "h", default, skip_serializing_if = "Option::is_none")]
     health_check_node_port: Option<i32>,
 }
 
@@ -237,54 +249,47 @@ impl DeltaState {
         for (reference, old, new) in changes {
             match reference.kind {
                 ObjectKind::Service => {
-                    let old = match &new {
-                        Some(object) => self.services.insert(reference.clone(), Arc::clone(object)),
+                    let old = match new.as_ref().and_then(Held::shared_service) {
+                        Some(service) => self.services.insert(reference.clone(), service),
                         None => self.services.remove(&reference),
                     };
-                    if let Some(old) = old.as_deref().and_then(Held::as_service) {
-                        self.unindex_service(&reference, old);
+                    if let Some(old) = old {
+                        self.unindex_service(&reference, &old);
                     }
-                    if let Some(service) = new.as_deref().and_then(Held::as_service) {
+                    if let Some(service) = new.as_ref().and_then(Held::as_service) {
                         self.index_service(&reference, service);
                     }
                     services_changed.insert(reference);
                 }
                 ObjectKind::Pod => {
-                    pods_changed.push((reference.clone(), old.clone(), new.clone()));
-                    if let Some(pod) = old.as_deref().and_then(Held::as_pod) {
+                    if let Some(pod) = old.as_ref().and_then(Held::as_pod) {
                         for (key, value) in pod.labels() {
-                            let posting = label_key(&reference.namespace, key, value);
-                            if let Some(pods) = self.pods_by_label.get_mut(&posting) {
-                                pods.remove(&reference);
-                                if pods.is_empty() {
-                                    self.pods_by_label.remove(&posting);
-                                }
-                            }
+                            self.pods_by_label.remove(label_key(&reference.namespace, key, value), &reference);
                         }
                     }
-                    if let Some(pod) = new.as_deref().and_then(Held::as_pod) {
+                    if let Some(pod) = new.as_ref().and_then(Held::as_pod) {
                         for (key, value) in pod.labels() {
-                            let posting = label_key(&reference.namespace, key, value);
-                            self.pods_by_label.entry(posting).or_default().insert(reference.clone());
+                            self.pods_by_label.insert(label_key(&reference.namespace, key, value), &reference);
                         }
                     }
+                    pods_changed.push((reference, old, new));
                 }
                 ObjectKind::Node => {
-                    match new {
+                    match new.and_then(Held::into_other) {
                         Some(object) => self.nodes.insert(reference.clone(), object),
                         None => self.nodes.remove(&reference),
                     };
                     nodes_changed.push(reference);
                 }
                 ObjectKind::EndpointSlice => {
-                    match new {
+                    match new.and_then(Held::into_other) {
                         Some(object) => self.slices.insert(reference.clone(), object),
                         None => self.slices.remove(&reference),
                     };
                     slices_changed.push(reference);
                 }
                 ObjectKind::LoadBalancerIPPool => {
-                    match new {
+                    match new.and_then(Held::into_other) {
                         Some(object) => self.pools.insert(reference, object),
                         None => self.pools.remove(&reference),
                     };
@@ -300,7 +305,7 @@ impl DeltaState {
         let unchanged_services = self.services.keys().any(|key| !services_changed.contains(key));
         if unchanged_services {
             for (reference, old, new) in &pods_changed {
-                for pod in [old.as_deref(), new.as_deref()].into_iter().flatten().filter_map(Held::as_pod) {
+                for pod in [old.as_ref(), new.as_ref()].into_iter().flatten().filter_map(Held::as_pod) {
                     self.services_selecting(&reference.namespace, pod, &mut affected);
                 }
             }
@@ -327,7 +332,7 @@ impl DeltaState {
             let mut settle: Vec<(Option<DefinitionOrder<'_>>, Key, Service)> = Vec::new();
             let mut removed: Vec<ObjectKey> = Vec::new();
             for reference in services_changed.iter().chain(&retried) {
-                match self.services.get(reference).and_then(|o| o.as_service()) {
+                match self.services.get(reference).map(Arc::as_ref) {
                     Some(service) => settle.push((store.order_of(reference), Arc::clone(reference), service.service())),
                     None => {
                         removed.push(ObjectKey::new(&*reference.namespace, &*reference.name));
@@ -506,7 +511,7 @@ impl DeltaState {
     /// The Service `reference` as the allocator filled it in, if it was allocated.
     fn allocated_service(&self, reference: &Key) -> Option<Service> {
         let allocated = self.allocated.get(reference)?;
-        allocated.service(self.services.get(reference).and_then(|o| o.as_service()).map(ServiceRecord::service))
+        allocated.service(self.services.get(reference).map(Arc::as_ref).map(ServiceRecord::service))
     }
 
     /// The Pods that may be selected by `service` (those with its selector's first label),
@@ -520,10 +525,8 @@ impl DeltaState {
         let Some((key, value)) = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()?.iter().next()) else {
             return Vec::new();
         };
-        let Some(pods) = self.pods_by_label.get(&label_key(&reference.namespace, key, value)) else {
-            return Vec::new();
-        };
-        pods.iter()
+        self.pods_by_label
+            .get(label_key(&reference.namespace, key, value))
             .filter_map(|key| {
                 let pod = store.winner(key)?.as_pod()?;
                 Some(NamedPod { namespace: &key.namespace, name: &key.name, pod })
@@ -533,30 +536,21 @@ impl DeltaState {
 
     fn index_service(&mut self, reference: &Key, service: &ServiceRecord) {
         if let Some((key, value)) = service.first_selector_label() {
-            let posting = label_key(&reference.namespace, key, value);
-            self.services_by_selector.entry(posting).or_default().insert(reference.clone());
+            self.services_by_selector.insert(label_key(&reference.namespace, key, value), reference);
         }
     }
 
     fn unindex_service(&mut self, reference: &Key, service: &ServiceRecord) {
         if let Some((key, value)) = service.first_selector_label() {
-            let posting = label_key(&reference.namespace, key, value);
-            if let Some(services) = self.services_by_selector.get_mut(&posting) {
-                services.remove(reference);
-                if services.is_empty() {
-                    self.services_by_selector.remove(&posting);
-                }
-            }
+            self.services_by_selector.remove(label_key(&reference.namespace, key, value), reference);
         }
     }
 
     /// Adds the Services of `namespace` whose selector matches the labels of `pod`.
     fn services_selecting(&self, namespace: &str, pod: &HeldPod, found: &mut BTreeSet<Key>) {
         for (key, value) in pod.labels() {
-            let Some(services) = self.services_by_selector.get(&label_key(namespace, key, value)) else { continue };
-            for reference in services {
-                let selector =
-                    self.services.get(reference).and_then(|o| o.as_service()).and_then(ServiceRecord::selector);
+            for reference in self.services_by_selector.get(label_key(namespace, key, value)) {
+                let selector = self.services.get(reference).map(Arc::as_ref).and_then(ServiceRecord::selector);
                 if selector.is_some_and(|selector| selector.iter().all(|(k, v)| pod.label(k) == Some(&**v))) {
                     found.insert(reference.clone());
                 }
@@ -633,7 +627,8 @@ mod tests {
         assert!(spec.cluster_ip.is_some() && spec.health_check_node_port.is_some(), "{spec:?}");
         assert!(spec.ports.iter().flatten().all(|port| port.node_port.is_some()), "{spec:?}");
         let kept = super::Allocated::new(filled.clone(), Some(&original));
-        assert!(matches!(kept, super::Allocated::Fields(_)), "kept as fields, not whole");
+        let super::Allocated::Fields(text) = &kept else { panic!("kept as fields, not whole") };
+        assert!(text.len() <= 120, "short field names, no nulls: {}", String::from_utf8_lossy(text));
         assert_eq!(kept.service(Some(original)), Some(filled.clone()));
         let without_original = super::Allocated::new(filled.clone(), None);
         assert!(matches!(without_original, super::Allocated::Whole(_)));

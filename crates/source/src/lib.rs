@@ -32,6 +32,8 @@ pub mod dns_view;
 pub mod feed;
 mod held;
 pub mod manifests;
+mod named_table;
+mod postings;
 mod simple_yaml;
 mod store;
 pub mod watch;

@@ -11,7 +11,6 @@
 //! an object that moves from one file to another is unchanged.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs;
 use std::hash::{Hash, Hasher};
@@ -19,24 +18,23 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use svcplane_controller::load_balancer::LoadBalancerIPPool;
-
 use crate::FastMap;
 use crate::held::{HeldPod, Interner, ServiceRecord};
 use crate::manifests::{
     AnyObject, Assembler, FileContents, Loaded, ManifestError, ObjectKind, ObjectRef, ParsedObject, Position, Unit,
     Work, is_json, parse_work, push_work,
 };
+use crate::named_table::NamedTable;
 
-/// One object as the store holds it.
+/// One object as the store holds it: a value cheap to clone (a Pod's record inline, other
+/// kinds behind an `Arc`), so that the store's table holds a Pod with no allocation of
+/// its own and a change can carry copies of the definitions before and after.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Held {
-    /// Inline, not boxed: Pods are most of the objects, and one allocation each is enough.
+    /// Inline: Pods are most of the objects, and their record is a few shared pointers.
     Pod(HeldPod),
-    Service(ServiceRecord),
-    Other(AnyObject),
+    Service(Arc<ServiceRecord>),
+    Other(Arc<AnyObject>),
 }
 
 impl Held {
@@ -46,8 +44,8 @@ impl Held {
     pub(crate) fn new(object: AnyObject, interner: &mut Interner) -> Self {
         match object {
             AnyObject::Pod(pod) => Held::Pod(pod.shared(interner)),
-            AnyObject::Service(service) => Held::Service(ServiceRecord::new(service, interner)),
-            other => Held::Other(other),
+            AnyObject::Service(service) => Held::Service(Arc::new(ServiceRecord::new(service, interner))),
+            other => Held::Other(Arc::new(other)),
         }
     }
 
@@ -56,7 +54,7 @@ impl Held {
         match self {
             Held::Pod(pod) => AnyObject::Pod(Box::new(pod.to_record(&reference.namespace, &reference.name))),
             Held::Service(record) => AnyObject::Service(Box::new(record.service())),
-            Held::Other(object) => object.clone(),
+            Held::Other(object) => AnyObject::clone(object),
         }
     }
 
@@ -64,20 +62,18 @@ impl Held {
         if let Held::Service(record) = self { Some(record) } else { None }
     }
 
+    /// The Service's record, shared.
+    pub(crate) fn shared_service(&self) -> Option<Arc<ServiceRecord>> {
+        if let Held::Service(record) = self { Some(Arc::clone(record)) } else { None }
+    }
+
+    /// An object of a kind kept whole, shared; `None` for a Pod's or a Service's record.
+    pub(crate) fn into_other(self) -> Option<Arc<AnyObject>> {
+        if let Held::Other(object) = self { Some(object) } else { None }
+    }
+
     pub(crate) fn as_pod(&self) -> Option<&HeldPod> {
         if let Held::Pod(record) = self { Some(record) } else { None }
-    }
-
-    pub(crate) fn as_node(&self) -> Option<&Node> {
-        if let Held::Other(object) = self { object.as_node() } else { None }
-    }
-
-    pub(crate) fn as_slice(&self) -> Option<&EndpointSlice> {
-        if let Held::Other(object) = self { object.as_slice() } else { None }
-    }
-
-    pub(crate) fn as_pool(&self) -> Option<&LoadBalancerIPPool> {
-        if let Held::Other(object) = self { object.as_pool() } else { None }
     }
 }
 
@@ -97,7 +93,7 @@ fn digest(text: &str) -> DocHash {
 
 /// One object whose winning definition changed: its name, its winning definition before
 /// (`None` when no file defined it) and now (`None` when no file defines it any more).
-pub(crate) type ObjectChange = (Key, Option<Arc<Held>>, Option<Arc<Held>>);
+pub(crate) type ObjectChange = (Key, Option<Held>, Option<Held>);
 
 /// An object's name, allocated once and shared by the store's records and the controller
 /// step's maps and indexes (a Pod's name was held four times over).
@@ -139,7 +135,7 @@ pub struct Phases {
 #[derive(Debug, Default)]
 pub(crate) struct ManifestStore {
     files: BTreeMap<Arc<Path>, FileRecord>,
-    definitions: FastMap<Key, OneOrMany<Definition>>,
+    definitions: NamedTable<OneOrMany<Definition>>,
     /// Objects with more than one definition.
     duplicated: BTreeSet<Key>,
     listing_errors: Vec<ManifestError>,
@@ -276,7 +272,7 @@ struct Definition {
     n: u32,
     /// Where it is, as [`Position`] says it, without a second copy of the file name.
     at: Place,
-    object: Arc<Held>,
+    object: Held,
 }
 
 /// A [`Position`] without its file, in 12 bytes: one per definition (110k at 10k Services).
@@ -346,7 +342,7 @@ impl ManifestStore {
         // nothing: no winner before needs remembering, object by object, and no document
         // can be reused.
         let from_empty = self.definitions.is_empty() && self.files.is_empty();
-        let mut before: FastMap<Key, Option<Arc<Held>>> = FastMap::default();
+        let mut before: FastMap<Key, Option<Held>> = FastMap::default();
         for path in removed {
             if let Some(record) = self.files.remove(path.as_path()) {
                 let path: Arc<Path> = Arc::from(path);
@@ -385,7 +381,7 @@ impl ManifestStore {
                 .definitions
                 .iter()
                 .filter_map(|(reference, definitions)| {
-                    let new = Arc::clone(&definitions.first()?.object);
+                    let new = definitions.first()?.object.clone();
                     Some((Arc::clone(reference), None, Some(new)))
                 })
                 .partition(|(reference, _, _)| reference.kind != ObjectKind::Pod);
@@ -405,7 +401,7 @@ impl ManifestStore {
                 let new = winner(&self.definitions, &reference);
                 let same = match (&old, &new) {
                     (None, None) => true,
-                    (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+                    (Some(a), Some(b)) => a == b,
                     _ => false,
                 };
                 (!same).then_some((reference, old, new))
@@ -422,7 +418,7 @@ impl ManifestStore {
         &mut self,
         paths: &[Arc<Path>],
         texts: Vec<Result<String, ManifestError>>,
-        mut before: Option<&mut FastMap<Key, Option<Arc<Held>>>>,
+        mut before: Option<&mut FastMap<Key, Option<Held>>>,
     ) {
         // Decide document by document what to parse.
         let started = Instant::now();
@@ -524,7 +520,7 @@ impl ManifestStore {
                                 document: index as u32,
                                 n: n as u32,
                                 at: Place::of(&position),
-                                object: Arc::new(Held::new(object, &mut self.interner)),
+                                object: Held::new(object, &mut self.interner),
                             };
                             self.insert(reference, definition);
                         }
@@ -544,7 +540,7 @@ impl ManifestStore {
         &mut self,
         path: &Arc<Path>,
         record: &FileRecord,
-        before: &mut FastMap<Key, Option<Arc<Held>>>,
+        before: &mut FastMap<Key, Option<Held>>,
     ) -> Vec<Vec<Definition>> {
         let mut taken = Vec::with_capacity(record.documents());
         for index in 0..record.documents() {
@@ -579,22 +575,22 @@ impl ManifestStore {
 
     /// The shared key of `reference`: the one already held when the object is known.
     fn key(&self, reference: ObjectRef) -> Key {
-        self.definitions.get_key_value(&reference).map_or_else(|| Arc::new(reference), |(key, _)| Arc::clone(key))
+        self.definitions.key(&reference).map_or_else(|| Arc::new(reference), Arc::clone)
     }
 
     fn insert(&mut self, reference: Key, definition: Definition) {
         // Almost every object has one definition, held inline (see [`OneOrMany`]).
-        match self.definitions.entry(reference) {
-            Entry::Vacant(slot) => {
-                slot.insert(OneOrMany::One(definition));
-            }
-            Entry::Occupied(mut slot) => {
-                let mut list = std::mem::take(slot.get_mut()).into_vec();
-                let at = list.partition_point(|d| d.order() < definition.order());
-                list.insert(at, definition);
-                *slot.get_mut() = OneOrMany::from_vec(list);
-                self.duplicated.insert(Arc::clone(slot.key()));
-            }
+        let duplicated =
+            self.definitions.insert_or_merge(Arc::clone(&reference), OneOrMany::One(definition), |held, one| {
+                let mut list = std::mem::take(held).into_vec();
+                for definition in one.into_vec() {
+                    let at = list.partition_point(|d| d.order() < definition.order());
+                    list.insert(at, definition);
+                }
+                *held = OneOrMany::from_vec(list);
+            });
+        if duplicated {
+            self.duplicated.insert(reference);
         }
     }
 
@@ -642,7 +638,7 @@ impl ManifestStore {
 
     /// The winning definition of `object`.
     pub(crate) fn winner(&self, object: &ObjectRef) -> Option<&Held> {
-        self.definitions.get(object).and_then(OneOrMany::first).map(|definition| &*definition.object)
+        self.definitions.get(object).and_then(OneOrMany::first).map(|definition| &definition.object)
     }
 
     /// Where the winning definition of `object` is.
@@ -673,8 +669,8 @@ impl ManifestStore {
     }
 }
 
-fn winner(definitions: &FastMap<Key, OneOrMany<Definition>>, reference: &ObjectRef) -> Option<Arc<Held>> {
-    definitions.get(reference).and_then(OneOrMany::first).map(|d| Arc::clone(&d.object))
+fn winner(definitions: &NamedTable<OneOrMany<Definition>>, reference: &ObjectRef) -> Option<Held> {
+    definitions.get(reference).and_then(OneOrMany::first).map(|d| d.object.clone())
 }
 
 #[cfg(test)]
@@ -719,13 +715,12 @@ mod tests {
     }
 
     #[test]
-    fn a_held_pod_with_its_shared_counts_fits_an_80_byte_allocation() {
-        // Counts (16 bytes) and the object; glibc's chunk adds 8 bytes and rounds up to 16.
-        assert!(16 + size_of::<Held>() <= 72, "{} bytes", size_of::<Held>());
+    fn a_held_object_is_no_wider_than_a_pod_s_record() {
+        assert!(size_of::<Held>() <= 56, "{} bytes", size_of::<Held>());
     }
 
     #[test]
-    fn an_object_s_one_definition_takes_40_bytes_in_the_table() {
-        assert!(size_of::<OneOrMany<Definition>>() <= 40, "{} bytes", size_of::<OneOrMany<Definition>>());
+    fn an_object_s_one_definition_with_a_pod_s_record_inline_takes_88_bytes_in_the_table() {
+        assert!(size_of::<OneOrMany<Definition>>() <= 88, "{} bytes", size_of::<OneOrMany<Definition>>());
     }
 }
