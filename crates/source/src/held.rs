@@ -345,56 +345,82 @@ struct ConditionDocument<'a> {
 /// A Pod as the store keeps it: its [`PodRecord`] without the name and namespace (the
 /// store's name for the object holds them), with the strings that repeat over Pods shared
 /// and the usual addresses (`podIP` an IPv4 address, `podIPs` just that one) in four
-/// bytes: 56 bytes and no allocation of its own, where the record is 128 bytes and two
-/// allocations (name, address).
+/// bytes: 40 bytes and no allocation of its own, where the record is 128 bytes and two
+/// allocations (name, address). What most Pods lack (the rare fields, other addresses)
+/// is boxed together behind one pointer.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct HeldPod {
     /// In key order.
     labels: LabelSet,
     placement: Arc<Placement>,
-    rare: Option<Box<RareFields>>,
-    addresses: Addresses,
+    extra: Option<Box<Extra>>,
+    /// The address when `form` is [`AddressForm::V4`].
+    v4: [u8; 4],
+    form: AddressForm,
     ready: bool,
 }
 
-/// `status.podIP` and `status.podIPs` as a [`PodRecord`] holds them, the usual case inline.
-#[derive(Debug, Clone, PartialEq)]
-enum Addresses {
-    /// Neither field.
+/// Where a [`HeldPod`]'s addresses are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AddressForm {
+    /// Neither `podIP` nor `podIPs`.
     None,
-    /// `podIP` is this IPv4 address spelled the usual way, and `podIPs` is `[podIP]`.
+    /// `podIP` is the IPv4 address in `v4`, spelled the usual way, and `podIPs` is `[podIP]`.
+    V4,
+    /// Anything else, in the [`Extra`].
+    Other,
+}
+
+/// The parts of a [`HeldPod`] most Pods written as manifests do not have.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Extra {
+    /// Default when the Pod has none of them.
+    rare: RareFields,
+    /// Unused unless the form is [`AddressForm::Other`].
+    addresses: RecordAddresses,
+}
+
+/// `status.podIP` and `status.podIPs` as a [`HeldPod`] has them, borrowed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Addresses<'a> {
+    None,
     V4([u8; 4]),
-    /// Anything else, as the record has it.
-    Other(Box<RecordAddresses>),
+    Other(&'a RecordAddresses),
 }
 
 /// `podIP`, `podIPs` and whether `podIPs` is `[podIP]`, as a [`PodRecord`] holds them.
 type RecordAddresses = (Option<Box<str>>, Box<[Box<str>]>, bool);
 
-impl Addresses {
-    fn of(pod_ip: Option<&str>, pod_ips: &[Box<str>], pod_ips_is_pod_ip: bool) -> Self {
-        if let Some(text) = pod_ip
-            && pod_ips_is_pod_ip
-            && let Ok(address) = text.parse::<std::net::Ipv4Addr>()
-            && address.to_string() == text
-        {
-            return Addresses::V4(address.octets());
-        }
-        if pod_ip.is_none() && pod_ips.is_empty() && !pod_ips_is_pod_ip {
-            return Addresses::None;
-        }
-        let pod_ips = pod_ips.iter().map(|ip| Box::from(&**ip)).collect();
-        Addresses::Other(Box::new((pod_ip.map(Box::from), pod_ips, pod_ips_is_pod_ip)))
+/// How a record's addresses are held: the form, the inline IPv4 address, the fields when
+/// they are anything else.
+fn hold_addresses(
+    pod_ip: Option<&str>,
+    pod_ips: &[Box<str>],
+    pod_ips_is_pod_ip: bool,
+) -> (AddressForm, [u8; 4], Option<RecordAddresses>) {
+    if let Some(text) = pod_ip
+        && pod_ips_is_pod_ip
+        && let Ok(address) = text.parse::<std::net::Ipv4Addr>()
+        && address.to_string() == text
+    {
+        return (AddressForm::V4, address.octets(), None);
     }
+    if pod_ip.is_none() && pod_ips.is_empty() && !pod_ips_is_pod_ip {
+        return (AddressForm::None, [0; 4], None);
+    }
+    let pod_ips = pod_ips.iter().map(|ip| Box::from(&**ip)).collect();
+    (AddressForm::Other, [0; 4], Some((pod_ip.map(Box::from), pod_ips, pod_ips_is_pod_ip)))
+}
 
+impl Addresses<'_> {
     /// `podIP`, `podIPs` and whether `podIPs` is `[podIP]`, as the record holds them.
-    fn to_record(&self) -> RecordAddresses {
+    fn to_record(self) -> RecordAddresses {
         match self {
             Addresses::None => (None, Box::default(), false),
             Addresses::V4(octets) => {
-                (Some(std::net::Ipv4Addr::from(*octets).to_string().into_boxed_str()), Box::default(), true)
+                (Some(std::net::Ipv4Addr::from(octets).to_string().into_boxed_str()), Box::default(), true)
             }
-            Addresses::Other(fields) => fields.as_ref().clone(),
+            Addresses::Other(fields) => fields.clone(),
         }
     }
 }
@@ -402,13 +428,13 @@ impl Addresses {
 impl HeldPod {
     /// The record this was made from, given the Pod's namespace and name.
     pub(crate) fn to_record(&self, namespace: &str, name: &str) -> PodRecord {
-        let (pod_ip, pod_ips, pod_ips_is_pod_ip) = self.addresses.to_record();
+        let (pod_ip, pod_ips, pod_ips_is_pod_ip) = self.addresses().to_record();
         PodRecord {
             name: Box::from(name),
             namespace: Arc::from(namespace),
             labels: Arc::clone(&self.labels),
             node_name: self.placement.node_name.clone(),
-            rare: self.rare.clone(),
+            rare: self.rare().cloned().and_then(RareFields::boxed_unless_empty),
             phase: self.placement.phase.clone(),
             pod_ip,
             pod_ips,
@@ -421,9 +447,9 @@ impl HeldPod {
     /// record in between (tests: the Pod a [`NamedPod`] must read as).
     #[cfg(test)]
     pub(crate) fn to_pod(&self, namespace: &str, name: &str) -> Pod {
-        let (pod_ip, pod_ips, pod_ips_is_pod_ip): (Option<String>, &[Box<str>], bool) = match &self.addresses {
+        let (pod_ip, pod_ips, pod_ips_is_pod_ip): (Option<String>, &[Box<str>], bool) = match self.addresses() {
             Addresses::None => (None, &[], false),
-            Addresses::V4(octets) => (Some(std::net::Ipv4Addr::from(*octets).to_string()), &[], true),
+            Addresses::V4(octets) => (Some(std::net::Ipv4Addr::from(octets).to_string()), &[], true),
             Addresses::Other(fields) => (fields.0.as_deref().map(str::to_owned), &fields.1, fields.2),
         };
         build_pod(PodParts {
@@ -432,12 +458,25 @@ impl HeldPod {
             labels: &self.labels,
             node_name: self.placement.node_name.as_deref(),
             phase: self.placement.phase.as_deref(),
-            rare: self.rare.as_deref(),
+            rare: self.rare(),
             pod_ip,
             pod_ips,
             pod_ips_is_pod_ip,
             ready: self.ready,
         })
+    }
+
+    /// The rare fields, when the Pod has any.
+    fn rare(&self) -> Option<&RareFields> {
+        self.extra.as_ref().map(|extra| &extra.rare).filter(|rare| **rare != RareFields::default())
+    }
+
+    fn addresses(&self) -> Addresses<'_> {
+        match (self.form, &self.extra) {
+            (AddressForm::V4, _) => Addresses::V4(self.v4),
+            (AddressForm::Other, Some(extra)) => Addresses::Other(&extra.addresses),
+            _ => Addresses::None,
+        }
     }
 
     pub(crate) fn labels(&self) -> impl Iterator<Item = (&str, &str)> {
@@ -467,7 +506,7 @@ impl PodFacts for NamedPod<'_> {
         Some(self.name)
     }
     fn uid(&self) -> Option<&str> {
-        self.pod.rare.as_ref()?.uid.as_deref()
+        self.pod.rare()?.uid.as_deref()
     }
     fn label(&self, key: &str) -> Option<&str> {
         self.pod.label(key)
@@ -479,31 +518,31 @@ impl PodFacts for NamedPod<'_> {
         self.pod.placement.node_name.as_deref()
     }
     fn hostname(&self) -> Option<&str> {
-        self.pod.rare.as_ref()?.hostname.as_deref()
+        self.pod.rare()?.hostname.as_deref()
     }
     fn subdomain(&self) -> Option<&str> {
-        self.pod.rare.as_ref()?.subdomain.as_deref()
+        self.pod.rare()?.subdomain.as_deref()
     }
     fn is_terminating(&self) -> bool {
-        self.pod.rare.as_ref().is_some_and(|rare| rare.deletion_timestamp.is_some())
+        self.pod.rare().is_some_and(|rare| rare.deletion_timestamp.is_some())
     }
     fn is_ready(&self) -> bool {
         self.pod.ready
     }
     fn ip_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
         // `podIPs` when it lists any, else `podIP`, as for a Pod.
-        let (inline, texts): (Option<IpAddr>, &[Box<str>]) = match &self.pod.addresses {
+        let (inline, texts): (Option<IpAddr>, &[Box<str>]) = match self.pod.addresses() {
             Addresses::None => (None, &[]),
-            Addresses::V4(octets) => (Some(IpAddr::from(*octets)), &[]),
+            Addresses::V4(octets) => (Some(IpAddr::from(octets)), &[]),
             Addresses::Other(fields) => {
-                let (pod_ip, pod_ips, pod_ips_is_pod_ip) = &**fields;
+                let (pod_ip, pod_ips, pod_ips_is_pod_ip) = fields;
                 if *pod_ips_is_pod_ip || pod_ips.is_empty() { (None, pod_ip.as_slice()) } else { (None, &pod_ips[..]) }
             }
         };
         inline.into_iter().chain(texts.iter().filter_map(|text| text.parse().ok()))
     }
     fn named_port(&self, name: &str, protocol: &str) -> Option<i32> {
-        let ports = self.pod.rare.as_ref().map(|rare| &rare.ports[..]).unwrap_or_default();
+        let ports = self.pod.rare().map(|rare| &rare.ports[..]).unwrap_or_default();
         ports.iter().find_map(|(port_name, port_protocol, number)| {
             let port_protocol = port_protocol.as_deref().filter(|p| !p.is_empty()).unwrap_or("TCP");
             (&**port_name == name && port_protocol == protocol).then_some(*number)
@@ -567,11 +606,18 @@ impl PodRecord {
     /// strings that repeat over Pods shared through `interner` (the parse threads' record,
     /// with its temporaries beside it, is then dropped).
     pub(crate) fn shared(&self, interner: &mut Interner) -> HeldPod {
+        let (form, v4, other) = hold_addresses(self.pod_ip.as_deref(), &self.pod_ips, self.pod_ips_is_pod_ip);
         HeldPod {
             labels: interner.label_set(&self.labels),
             placement: interner.placement(self.node_name.as_deref(), self.phase.as_deref()),
-            rare: self.rare.clone(),
-            addresses: Addresses::of(self.pod_ip.as_deref(), &self.pod_ips, self.pod_ips_is_pod_ip),
+            extra: (self.rare.is_some() || other.is_some()).then(|| {
+                Box::new(Extra {
+                    rare: self.rare.as_deref().cloned().unwrap_or_default(),
+                    addresses: other.unwrap_or_default(),
+                })
+            }),
+            v4,
+            form,
             ready: self.ready,
         }
     }
@@ -711,9 +757,9 @@ mod tests {
         assert_eq!(shared_a.to_pod("shop", "a"), a.to_pod());
         assert!(Arc::ptr_eq(&shared_a.labels, &shared_b.labels));
         assert!(Arc::ptr_eq(&shared_a.placement, &shared_b.placement), "one node and phase, one placement");
-        assert_eq!(shared_a.addresses, Addresses::V4([198, 18, 129, 2]), "podIP and podIPs in four bytes");
+        assert_eq!(shared_a.addresses(), Addresses::V4([198, 18, 129, 2]), "podIP and podIPs in four bytes");
         assert!(size_of::<HeldPod>() <= 56, "{} bytes", size_of::<HeldPod>());
-        assert!(shared_a.rare.is_none(), "no uid, hostname, subdomain, deletion or named port: nothing rare kept");
+        assert!(shared_a.extra.is_none(), "no uid, hostname, subdomain, deletion or named port: nothing rare kept");
         let held = interner.len();
         for i in 0..3000 {
             let mut pod = bench_pod(&format!("p-{i}"), &format!("app-{i}"));
