@@ -31,6 +31,7 @@ use crate::convert::{
 use crate::diff::PartialSnapshot;
 use crate::held::{HeldPod, NamedPod, ServiceRecord};
 use crate::manifests::{AnyObject, ObjectKind, ObjectRef};
+use crate::named_table::name_hash;
 use crate::postings::Postings;
 use crate::store::{DefinitionOrder, Held, Key, ManifestStore, ObjectChange};
 
@@ -53,9 +54,9 @@ pub(crate) struct DeltaState {
     /// EndpointSlices written by hand (not ours).
     slices: BTreeMap<Key, Arc<AnyObject>>,
     /// Pods by `(namespace, key, value)` of each label.
-    pods_by_label: Postings,
+    pods_by_label: Postings<u64>,
     /// Services with a selector by `(namespace, key, value)` of their selector's first label.
-    services_by_selector: Postings,
+    services_by_selector: Postings<Key>,
     /// Services as allocated: what the allocator wrote into each (see [`Allocated`]).
     allocated: FastMap<Key, Allocated>,
     /// With LoadBalancerIPPools: every allocated Service after load balancer assignment.
@@ -246,7 +247,24 @@ impl DeltaState {
         let mut nodes_changed: Vec<Key> = Vec::new();
         let mut pools_changed = false;
         let mut pods_changed: Vec<ObjectChange> = Vec::new();
-        for (reference, old, new) in changes {
+        for (name, old, new) in changes {
+            if name.kind == ObjectKind::Pod {
+                // Pods are filed by the hash of their name: the store keeps the name.
+                let hash = name_hash(&name);
+                if let Some(pod) = old.as_ref().and_then(Held::as_pod) {
+                    for (key, value) in pod.labels() {
+                        self.pods_by_label.remove(label_key(&name.namespace, key, value), &hash);
+                    }
+                }
+                if let Some(pod) = new.as_ref().and_then(Held::as_pod) {
+                    for (key, value) in pod.labels() {
+                        self.pods_by_label.insert(label_key(&name.namespace, key, value), hash);
+                    }
+                }
+                pods_changed.push((name, old, new));
+                continue;
+            }
+            let reference: Key = Arc::new(name);
             match reference.kind {
                 ObjectKind::Service => {
                     let old = match new.as_ref().and_then(Held::shared_service) {
@@ -261,19 +279,7 @@ impl DeltaState {
                     }
                     services_changed.insert(reference);
                 }
-                ObjectKind::Pod => {
-                    if let Some(pod) = old.as_ref().and_then(Held::as_pod) {
-                        for (key, value) in pod.labels() {
-                            self.pods_by_label.remove(label_key(&reference.namespace, key, value), &reference);
-                        }
-                    }
-                    if let Some(pod) = new.as_ref().and_then(Held::as_pod) {
-                        for (key, value) in pod.labels() {
-                            self.pods_by_label.insert(label_key(&reference.namespace, key, value), &reference);
-                        }
-                    }
-                    pods_changed.push((reference, old, new));
-                }
+                ObjectKind::Pod => unreachable!("Pods are handled above"),
                 ObjectKind::Node => {
                     match new.and_then(Held::into_other) {
                         Some(object) => self.nodes.insert(reference.clone(), object),
@@ -525,18 +531,20 @@ impl DeltaState {
         let Some((key, value)) = service.spec.as_ref().and_then(|spec| spec.selector.as_ref()?.iter().next()) else {
             return Vec::new();
         };
+        // A name hash can stand for more than one Pod (names that collide), here or in
+        // another namespace: the namespace is checked here, the selector by the planner.
         self.pods_by_label
-            .get(label_key(&reference.namespace, key, value))
-            .filter_map(|key| {
-                let pod = store.winner(key)?.as_pod()?;
-                Some(NamedPod { namespace: &key.namespace, name: &key.name, pod })
-            })
+            .distinct(label_key(&reference.namespace, key, value))
+            .into_iter()
+            .flat_map(|&hash| store.pods_with_hash(hash))
+            .filter(|(name, _)| name.namespace == reference.namespace)
+            .map(|(name, pod)| NamedPod { namespace: &name.namespace, name: &name.name, pod })
             .collect()
     }
 
     fn index_service(&mut self, reference: &Key, service: &ServiceRecord) {
         if let Some((key, value)) = service.first_selector_label() {
-            self.services_by_selector.insert(label_key(&reference.namespace, key, value), reference);
+            self.services_by_selector.insert(label_key(&reference.namespace, key, value), Key::clone(reference));
         }
     }
 
@@ -549,7 +557,7 @@ impl DeltaState {
     /// Adds the Services of `namespace` whose selector matches the labels of `pod`.
     fn services_selecting(&self, namespace: &str, pod: &HeldPod, found: &mut BTreeSet<Key>) {
         for (key, value) in pod.labels() {
-            for reference in self.services_by_selector.get(label_key(namespace, key, value)) {
+            for reference in self.services_by_selector.distinct(label_key(namespace, key, value)) {
                 let selector = self.services.get(reference).map(Arc::as_ref).and_then(ServiceRecord::selector);
                 if selector.is_some_and(|selector| selector.iter().all(|(k, v)| pod.label(k) == Some(&**v))) {
                     found.insert(reference.clone());

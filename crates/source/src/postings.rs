@@ -3,60 +3,73 @@
 //! selecting Services, through it.
 //!
 //! A label usually names a few objects (ten Pods, one Service at 10k Services x 10 Pods):
-//! their names are kept in a vector, which at ten names is half a hash set's size and at
-//! one name a seventh of a B-tree leaf's. A label that many objects carry (`tier: web` on
-//! every Pod) moves to a hash set, so that taking one name out stays cheap.
+//! they are kept in a vector, which at ten is half a hash set's size and at one a
+//! seventh of a B-tree leaf's. A label that many objects carry (`tier: web` on every Pod)
+//! moves them to a counted hash map, so that taking one out stays cheap.
+//!
+//! What is filed is a multiset: Pods are filed as the hash of their name
+//! ([`crate::named_table::name_hash`]), and two Pods whose names collide are both there.
 
-use crate::manifests::ObjectRef;
-use crate::store::Key;
-use crate::{FastMap, FastSet};
+use std::hash::Hash;
 
-/// How many names a label keeps in a vector before it moves them to a hash set.
+use crate::FastMap;
+
+/// How many entries a label keeps in a vector before it moves them to a counted map.
 const FEW: usize = 32;
 
-/// The names under one label; see the module documentation.
+/// The entries under one label; see the module documentation.
 #[derive(Debug)]
-enum Names {
-    Few(Vec<Key>),
-    Many(Box<FastSet<Key>>),
+enum Entries<T> {
+    Few(Vec<T>),
+    Many(Box<FastMap<T, u32>>),
 }
 
-/// Names by label; see the module documentation.
-#[derive(Debug, Default)]
-pub(crate) struct Postings {
-    by_label: FastMap<u64, Names>,
+/// Entries by label; see the module documentation.
+#[derive(Debug)]
+pub(crate) struct Postings<T> {
+    by_label: FastMap<u64, Entries<T>>,
 }
 
-impl Postings {
-    /// Files `name` under `label` (once, however often it is filed).
-    pub(crate) fn insert(&mut self, label: u64, name: &Key) {
-        let names = self.by_label.entry(label).or_insert_with(|| Names::Few(Vec::new()));
-        match names {
-            Names::Few(few) if few.contains(name) => {}
-            Names::Few(few) if few.len() < FEW => few.push(Key::clone(name)),
-            Names::Few(few) => {
-                let mut many: FastSet<Key> = few.drain(..).collect();
-                many.insert(Key::clone(name));
-                *names = Names::Many(Box::new(many));
+impl<T> Default for Postings<T> {
+    fn default() -> Self {
+        Self { by_label: FastMap::default() }
+    }
+}
+
+impl<T: Clone + Eq + Hash> Postings<T> {
+    /// Files `entry` under `label` once more.
+    pub(crate) fn insert(&mut self, label: u64, entry: T) {
+        let entries = self.by_label.entry(label).or_insert_with(|| Entries::Few(Vec::new()));
+        match entries {
+            Entries::Few(few) if few.len() < FEW => few.push(entry),
+            Entries::Few(few) => {
+                let mut many: FastMap<T, u32> = FastMap::default();
+                for held in few.drain(..).chain(std::iter::once(entry)) {
+                    *many.entry(held).or_default() += 1;
+                }
+                *entries = Entries::Many(Box::new(many));
             }
-            Names::Many(many) => {
-                many.insert(Key::clone(name));
-            }
+            Entries::Many(many) => *many.entry(entry).or_default() += 1,
         }
     }
 
-    /// Takes `name` out from under `label`; a label left with no name is forgotten.
-    pub(crate) fn remove(&mut self, label: u64, name: &ObjectRef) {
-        let Some(names) = self.by_label.get_mut(&label) else { return };
-        let empty = match names {
-            Names::Few(few) => {
-                if let Some(at) = few.iter().position(|held| **held == *name) {
+    /// Takes one `entry` out from under `label`; a label left with none is forgotten.
+    pub(crate) fn remove(&mut self, label: u64, entry: &T) {
+        let Some(entries) = self.by_label.get_mut(&label) else { return };
+        let empty = match entries {
+            Entries::Few(few) => {
+                if let Some(at) = few.iter().position(|held| held == entry) {
                     few.swap_remove(at);
                 }
                 few.is_empty()
             }
-            Names::Many(many) => {
-                many.remove(name);
+            Entries::Many(many) => {
+                if let Some(count) = many.get_mut(entry) {
+                    *count -= 1;
+                    if *count == 0 {
+                        many.remove(entry);
+                    }
+                }
                 many.is_empty()
             }
         };
@@ -65,66 +78,80 @@ impl Postings {
         }
     }
 
-    /// The names filed under `label`, in no particular order.
-    pub(crate) fn get(&self, label: u64) -> impl Iterator<Item = &Key> {
-        let (few, many) = match self.by_label.get(&label) {
-            Some(Names::Few(few)) => (few.as_slice(), None),
-            Some(Names::Many(many)) => (&[][..], Some(many.iter())),
-            None => (&[][..], None),
-        };
-        few.iter().chain(many.into_iter().flatten())
+    /// The distinct entries filed under `label`, in no particular order.
+    pub(crate) fn distinct(&self, label: u64) -> Vec<&T> {
+        match self.by_label.get(&label) {
+            Some(Entries::Few(few)) => {
+                let mut distinct: Vec<&T> = Vec::with_capacity(few.len());
+                for entry in few {
+                    if !distinct.contains(&entry) {
+                        distinct.push(entry);
+                    }
+                }
+                distinct
+            }
+            Some(Entries::Many(many)) => many.keys().collect(),
+            None => Vec::new(),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
-    use std::sync::Arc;
+    use std::collections::BTreeMap;
 
     use super::*;
-    use crate::manifests::ObjectKind;
 
-    fn key(name: &str) -> Key {
-        Arc::new(ObjectRef::new(ObjectKind::Pod, "shop", name))
-    }
-
-    fn names(postings: &Postings, label: u64) -> BTreeSet<String> {
-        postings.get(label).map(|key| key.name.to_string()).collect()
+    fn distinct(postings: &Postings<String>, label: u64) -> Vec<String> {
+        let mut listed: Vec<String> = postings.distinct(label).into_iter().cloned().collect();
+        listed.sort();
+        listed
     }
 
     #[test]
-    fn postings_list_what_sets_list_through_inserts_and_removals_below_and_above_the_vector_limit() {
-        let mut postings = Postings::default();
-        let mut sets: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
-        // A fixed pseudo-random walk: label 0 gets up to 200 names (a hash set), labels 1 and 2
-        // up to 12 (a vector); names are filed twice and taken out when absent too.
+    fn postings_count_what_a_multiset_counts_through_inserts_and_removals_below_and_above_the_vector_limit() {
+        let mut postings: Postings<String> = Postings::default();
+        let mut counts: BTreeMap<u64, BTreeMap<String, u32>> = BTreeMap::new();
+        // A fixed pseudo-random walk: label 0 gets up to 200 names (a counted map), labels 1
+        // and 2 up to 12 (a vector); names are filed more than once and taken out when
+        // absent too.
         let mut state = 11u32;
         for _ in 0..6000 {
             state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
             let label = u64::from((state >> 20) % 3);
             let name = format!("pod-{}", (state >> 8) % if label == 0 { 200 } else { 12 });
-            if (state >> 4) % 3 < 2 {
-                postings.insert(label, &key(&name));
-                sets.entry(label).or_default().insert(name);
+            let count = counts.entry(label).or_default();
+            // Labels 1 and 2 hold each name at most twice: 24 entries, under the limit.
+            let room = label == 0 || count.get(&name).is_none_or(|&held| held < 2);
+            if (state >> 4) % 3 < 2 && room {
+                postings.insert(label, name.clone());
+                *count.entry(name).or_default() += 1;
             } else {
-                postings.remove(label, &key(&name));
-                if let Some(set) = sets.get_mut(&label) {
-                    set.remove(&name);
+                postings.remove(label, &name);
+                if let Some(left) = count.get_mut(&name) {
+                    *left -= 1;
+                    if *left == 0 {
+                        count.remove(&name);
+                    }
                 }
             }
-            assert_eq!(names(&postings, label), sets.get(&label).cloned().unwrap_or_default(), "label {label}");
+            let expected: Vec<String> = counts[&label].keys().cloned().collect();
+            assert_eq!(distinct(&postings, label), expected, "label {label}");
         }
-        assert!(matches!(postings.by_label.get(&0), Some(Names::Many(_))), "label 0 moved to a hash set");
-        assert!(matches!(postings.by_label.get(&1), Some(Names::Few(_))));
+        assert!(matches!(postings.by_label.get(&0), Some(Entries::Many(_))), "label 0 moved to a counted map");
+        assert!(matches!(postings.by_label.get(&1), Some(Entries::Few(_))));
     }
 
     #[test]
-    fn a_label_left_with_no_name_is_forgotten() {
-        let mut postings = Postings::default();
-        postings.insert(7, &key("a"));
-        postings.insert(7, &key("a"));
-        postings.remove(7, &key("a"));
+    fn an_entry_filed_twice_stays_until_taken_out_twice_and_an_empty_label_is_forgotten() {
+        let mut postings: Postings<String> = Postings::default();
+        postings.insert(7, "a".to_owned());
+        postings.insert(7, "a".to_owned());
+        assert_eq!(distinct(&postings, 7), ["a"]);
+        postings.remove(7, &"a".to_owned());
+        assert_eq!(distinct(&postings, 7), ["a"], "two Pods whose names hash alike: one is left");
+        postings.remove(7, &"a".to_owned());
         assert!(postings.by_label.is_empty());
-        assert_eq!(postings.get(7).count(), 0);
+        assert!(postings.distinct(7).is_empty());
     }
 }

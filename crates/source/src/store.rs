@@ -24,7 +24,7 @@ use crate::manifests::{
     AnyObject, Assembler, FileContents, Loaded, ManifestError, ObjectKind, ObjectRef, ParsedObject, Position, Unit,
     Work, is_json, parse_work, push_work,
 };
-use crate::named_table::NamedTable;
+use crate::named_table::{NamedTable, name_hash};
 
 /// One object as the store holds it: a value cheap to clone (a Pod's record inline, other
 /// kinds behind an `Arc`), so that the store's table holds a Pod with no allocation of
@@ -93,10 +93,11 @@ fn digest(text: &str) -> DocHash {
 
 /// One object whose winning definition changed: its name, its winning definition before
 /// (`None` when no file defined it) and now (`None` when no file defines it any more).
-pub(crate) type ObjectChange = (Key, Option<Held>, Option<Held>);
+pub(crate) type ObjectChange = (ObjectRef, Option<Held>, Option<Held>);
 
-/// An object's name, allocated once and shared by the store's records and the controller
-/// step's maps and indexes (a Pod's name was held four times over).
+/// An object's name, shared by the controller step's maps and indexes of Services and the
+/// other kinds it keeps. The store keeps each name once, inline ([`NamedTable`]), and
+/// Pods are known elsewhere by the hash of their name ([`name_hash`]).
 pub(crate) type Key = Arc<ObjectRef>;
 
 /// Where a definition stands in a complete read: file, document, object (see
@@ -137,7 +138,7 @@ pub(crate) struct ManifestStore {
     files: BTreeMap<Arc<Path>, FileRecord>,
     definitions: NamedTable<OneOrMany<Definition>>,
     /// Objects with more than one definition.
-    duplicated: BTreeSet<Key>,
+    duplicated: BTreeSet<ObjectRef>,
     listing_errors: Vec<ManifestError>,
     /// What the held Pod records share.
     interner: Interner,
@@ -155,9 +156,10 @@ struct FileRecord {
     errors: Vec<ManifestError>,
     /// Each document's digest, by document; empty for a JSON file (parsed whole, never reused).
     hashes: Box<[DocHash]>,
-    /// The objects the documents defined, document after document, each document's in
-    /// order (`Definition::n` indexes a document's part).
-    objects: Box<[Key]>,
+    /// The objects the documents defined, as the hashes of their names ([`name_hash`]),
+    /// document after document, each document's in order (`Definition::n` indexes a
+    /// document's part): the store's table finds each by its hash and its definition here.
+    objects: Box<[u64]>,
     /// Where each document's part of `objects` ends (index = document).
     ends: Box<[u32]>,
     /// The problems of the documents that have some: document, problems; in document order.
@@ -170,7 +172,7 @@ impl FileRecord {
     }
 
     /// The objects document `document` defined, in order.
-    fn objects_of(&self, document: usize) -> &[Key] {
+    fn objects_of(&self, document: usize) -> &[u64] {
         let start = document.checked_sub(1).map_or(0, |previous| self.ends[previous] as usize);
         &self.objects[start..self.ends[document] as usize]
     }
@@ -187,13 +189,13 @@ impl FileRecord {
 #[derive(Default)]
 struct DocumentColumns {
     hashes: Vec<Option<DocHash>>,
-    objects: Vec<Key>,
+    objects: Vec<u64>,
     ends: Vec<u32>,
     errors: Vec<(u32, Box<[ManifestError]>)>,
 }
 
 impl DocumentColumns {
-    fn push(&mut self, hash: Option<DocHash>, objects: Vec<Key>, errors: Vec<ManifestError>) {
+    fn push(&mut self, hash: Option<DocHash>, objects: Vec<u64>, errors: Vec<ManifestError>) {
         let document = self.ends.len() as u32;
         self.hashes.push(hash);
         self.objects.extend(objects);
@@ -342,7 +344,7 @@ impl ManifestStore {
         // nothing: no winner before needs remembering, object by object, and no document
         // can be reused.
         let from_empty = self.definitions.is_empty() && self.files.is_empty();
-        let mut before: FastMap<Key, Option<Held>> = FastMap::default();
+        let mut before: FastMap<ObjectRef, Option<Held>> = FastMap::default();
         for path in removed {
             if let Some(record) = self.files.remove(path.as_path()) {
                 let path: Arc<Path> = Arc::from(path);
@@ -382,7 +384,7 @@ impl ManifestStore {
                 .iter()
                 .filter_map(|(reference, definitions)| {
                     let new = definitions.first()?.object.clone();
-                    Some((Arc::clone(reference), None, Some(new)))
+                    Some((reference.clone(), None, Some(new)))
                 })
                 .partition(|(reference, _, _)| reference.kind != ObjectKind::Pod);
             // The Pods, most of a first read, stay in no particular order among the sorted
@@ -418,7 +420,7 @@ impl ManifestStore {
         &mut self,
         paths: &[Arc<Path>],
         texts: Vec<Result<String, ManifestError>>,
-        mut before: Option<&mut FastMap<Key, Option<Held>>>,
+        mut before: Option<&mut FastMap<ObjectRef, Option<Held>>>,
     ) {
         // Decide document by document what to parse.
         let started = Instant::now();
@@ -493,14 +495,13 @@ impl ManifestStore {
                 let mut errors = Vec::new();
                 match source {
                     Source::Reused { old: old_index, content_line } => {
-                        for mut definition in std::mem::take(&mut old_definitions[old_index]) {
+                        for (reference, mut definition) in std::mem::take(&mut old_definitions[old_index]) {
                             definition.document = index as u32;
                             definition.at.document = small(document_number.map(|d| d as u64));
                             if definition.at.item == u32::MAX {
                                 definition.at.line = small(Some(content_line));
                             }
-                            let reference = old.objects_of(old_index)[definition.n as usize].clone();
-                            objects.push(reference.clone());
+                            objects.push(name_hash(&reference));
                             self.insert(reference, definition);
                         }
                     }
@@ -508,13 +509,13 @@ impl ManifestStore {
                         let contents = results[work_index].take().unwrap_or_default();
                         errors = contents.errors;
                         for (n, ParsedObject { object, position }) in contents.objects.into_iter().enumerate() {
-                            let reference = self.key(object.reference());
-                            if let Some(before) = before.as_deref_mut() {
-                                before
-                                    .entry(reference.clone())
-                                    .or_insert_with(|| winner(&self.definitions, &reference));
+                            let reference = object.reference();
+                            if let Some(before) = before.as_deref_mut()
+                                && !before.contains_key(&reference)
+                            {
+                                before.insert(reference.clone(), winner(&self.definitions, &reference));
                             }
-                            objects.push(reference.clone());
+                            objects.push(name_hash(&reference));
                             let definition = Definition {
                                 file: Arc::clone(&file_name),
                                 document: index as u32,
@@ -535,35 +536,40 @@ impl ManifestStore {
     }
 
     /// Removes every definition `record` (of file `path`) made, remembering each object's
-    /// winner before; returns the definitions by document.
+    /// winner before; returns the definitions by document, each with its object's name.
     fn take_definitions(
         &mut self,
         path: &Arc<Path>,
         record: &FileRecord,
-        before: &mut FastMap<Key, Option<Held>>,
-    ) -> Vec<Vec<Definition>> {
+        before: &mut FastMap<ObjectRef, Option<Held>>,
+    ) -> Vec<Vec<(ObjectRef, Definition)>> {
         let mut taken = Vec::with_capacity(record.documents());
         for index in 0..record.documents() {
             let objects = record.objects_of(index);
             let mut definitions = Vec::with_capacity(objects.len());
-            for (n, reference) in objects.iter().enumerate() {
-                before.entry(reference.clone()).or_insert_with(|| winner(&self.definitions, reference));
-                let Some(held) = self.definitions.get_mut(reference) else { continue };
-                let mut list = std::mem::take(held).into_vec();
-                if let Some(at) =
-                    list.iter().position(|d| *d.file == **path && d.document as usize == index && d.n as usize == n)
-                {
-                    definitions.push(list.remove(at));
+            for (n, &hash) in objects.iter().enumerate() {
+                let here = |d: &Definition| *d.file == **path && d.document as usize == index && d.n as usize == n;
+                let Some(at) = self.definitions.find(hash, |_, list| list.as_slice().iter().any(here)) else {
+                    continue;
+                };
+                let (reference, list) = self.definitions.at(at);
+                let reference = reference.clone();
+                if !before.contains_key(&reference) {
+                    before.insert(reference.clone(), list.first().map(|first| first.object.clone()));
+                }
+                let mut list = std::mem::take(self.definitions.at_mut(at)).into_vec();
+                if let Some(found) = list.iter().position(here) {
+                    definitions.push((reference.clone(), list.remove(found)));
                 }
                 let left = list.len();
-                *held = OneOrMany::from_vec(list);
+                *self.definitions.at_mut(at) = OneOrMany::from_vec(list);
                 match left {
                     0 => {
-                        self.definitions.remove(reference);
-                        self.duplicated.remove(reference);
+                        self.definitions.remove_at(at);
+                        self.duplicated.remove(&reference);
                     }
                     1 => {
-                        self.duplicated.remove(reference);
+                        self.duplicated.remove(&reference);
                     }
                     _ => {}
                 }
@@ -573,15 +579,10 @@ impl ManifestStore {
         taken
     }
 
-    /// The shared key of `reference`: the one already held when the object is known.
-    fn key(&self, reference: ObjectRef) -> Key {
-        self.definitions.key(&reference).map_or_else(|| Arc::new(reference), Arc::clone)
-    }
-
-    fn insert(&mut self, reference: Key, definition: Definition) {
+    fn insert(&mut self, reference: ObjectRef, definition: Definition) {
         // Almost every object has one definition, held inline (see [`OneOrMany`]).
         let duplicated =
-            self.definitions.insert_or_merge(Arc::clone(&reference), OneOrMany::One(definition), |held, one| {
+            self.definitions.insert_or_merge(reference.clone(), OneOrMany::One(definition), |held, one| {
                 let mut list = std::mem::take(held).into_vec();
                 for definition in one.into_vec() {
                     let at = list.partition_point(|d| d.order() < definition.order());
@@ -604,7 +605,7 @@ impl ManifestStore {
             for definition in later {
                 let error = ManifestError::DuplicateObject {
                     position: definition.position(),
-                    object: ObjectRef::clone(reference),
+                    object: reference.clone(),
                     first: first.position(),
                 };
                 duplicates.entry(definition.file.as_path()).or_default().push((
@@ -636,9 +637,13 @@ impl ManifestStore {
         self.definitions.get(object).and_then(OneOrMany::first).map(Definition::order)
     }
 
-    /// The winning definition of `object`.
-    pub(crate) fn winner(&self, object: &ObjectRef) -> Option<&Held> {
-        self.definitions.get(object).and_then(OneOrMany::first).map(|definition| &definition.object)
+    /// The Pods whose names hash to `hash` ([`name_hash`]; usually one), with their winning
+    /// records.
+    pub(crate) fn pods_with_hash(&self, hash: u64) -> impl Iterator<Item = (&ObjectRef, &HeldPod)> {
+        self.definitions
+            .with_hash(hash)
+            .filter(|(name, _)| name.kind == ObjectKind::Pod)
+            .filter_map(|(name, list)| Some((name, list.first()?.object.as_pod()?)))
     }
 
     /// Where the winning definition of `object` is.
@@ -652,14 +657,19 @@ impl ManifestStore {
         let mut assembler = Assembler::default();
         for (path, record) in &self.files {
             for index in 0..record.documents() {
-                for (n, reference) in record.objects_of(index).iter().enumerate() {
-                    let Some(first) = self.definitions.get(reference).and_then(OneOrMany::first) else { continue };
-                    if *first.file == **path && first.document as usize == index && first.n as usize == n {
-                        assembler.add_object(ParsedObject {
-                            object: first.object.to_object(reference),
-                            position: first.position(),
-                        });
-                    }
+                for (n, &hash) in record.objects_of(index).iter().enumerate() {
+                    let winning_here = |_: &ObjectRef, list: &OneOrMany<Definition>| {
+                        list.first().is_some_and(|first| {
+                            *first.file == **path && first.document as usize == index && first.n as usize == n
+                        })
+                    };
+                    let Some(at) = self.definitions.find(hash, winning_here) else { continue };
+                    let (reference, list) = self.definitions.at(at);
+                    let Some(first) = list.first() else { continue };
+                    assembler.add_object(ParsedObject {
+                        object: first.object.to_object(reference),
+                        position: first.position(),
+                    });
                 }
             }
         }
@@ -678,8 +688,8 @@ mod tests {
     use super::*;
     use crate::manifests::ObjectKind;
 
-    fn key(name: &str) -> Key {
-        Arc::new(ObjectRef::new(ObjectKind::Pod, "shop", name))
+    fn key(name: &str) -> u64 {
+        name_hash(&ObjectRef::new(ObjectKind::Pod, "shop", name))
     }
 
     #[test]
@@ -688,9 +698,9 @@ mod tests {
         let problem = || ManifestError::MissingName { position: Position::file(&file), kind: ObjectKind::Pod };
         let (a, b, c) = (key("a"), key("b"), key("c"));
         let mut columns = DocumentColumns::default();
-        columns.push(Some((1, 1)), vec![a.clone()], Vec::new());
+        columns.push(Some((1, 1)), vec![a], Vec::new());
         columns.push(Some((2, 2)), Vec::new(), vec![problem()]);
-        columns.push(Some((3, 3)), vec![b.clone(), c.clone()], Vec::new());
+        columns.push(Some((3, 3)), vec![b, c], Vec::new());
         columns.push(Some((4, 4)), Vec::new(), Vec::new());
         let record = columns.finish(vec![problem()]);
         assert_eq!(record.documents(), 4);
