@@ -21,7 +21,10 @@
 //! is the whole cold start, and with two arenas its two planning threads shared one arena
 //! in about one start of five (hundreds of thousands of futex calls, the controller step
 //! 0.75-0.85 s instead of ~0.33 s); a third arena ended that for ~4 MiB of RSS. nftables
-//! mode keeps two: there a third arena kept 10-15 MiB more after the sync's ruleset.
+//! mode keeps two: there a third arena kept 10-15 MiB more after the sync's ruleset. Fed by
+//! manifests in eBPF mode, the proxy also fixes glibc's trim and mmap thresholds
+//! ([`fix_thresholds`]), so that the free tops of the parse and planning threads' arenas
+//! are given back.
 
 use svcplane_sync::{AfterSync, Synced};
 
@@ -72,6 +75,44 @@ pub fn limit_arenas(arenas: i32) {
     }
 }
 
+/// The fixed trim threshold for a proxy fed by manifests (see [`fix_thresholds`]).
+const TRIM_THRESHOLD: i32 = 1 << 20;
+/// The fixed mmap threshold for a proxy fed by manifests (see [`fix_thresholds`]).
+const MMAP_THRESHOLD: i32 = 4 << 20;
+
+/// Whether `svcplane proxy` fixes glibc's trim and mmap thresholds (see [`fix_thresholds`]):
+/// fed by manifests in eBPF mode, whose parse and planning threads allocate in three arenas.
+/// Not in nftables mode: there it kept 77-78 MiB against 77-85, but the cold start took
+/// ~5 % longer (the ruleset's large buffers mapped and unmapped, the heap trimmed as they
+/// are freed), where in eBPF mode it took about as long.
+pub fn proxy_fixes_thresholds(source: &crate::cli::SourceArgs, mode: crate::cli::Mode) -> bool {
+    source.manifests.is_some() && mode == crate::cli::Mode::Ebpf
+}
+
+/// Fixes glibc's trim threshold at 1 MiB and its mmap threshold at 4 MiB, unless
+/// `MALLOC_TRIM_THRESHOLD_` or `MALLOC_MMAP_THRESHOLD_` says otherwise.
+///
+/// By default glibc raises both thresholds as large blocks are freed (the trim threshold to
+/// twice the mmap threshold, up to 64 MiB). `malloc_trim` returns the free pages inside
+/// every arena but trims the top of the main arena only: the top of another arena shrinks
+/// only when a free reaches it and the top exceeds the trim threshold. The manifests feed's
+/// parse and planning threads leave tens of MiB free at the top of their arenas after a
+/// first read, which the raised threshold then kept resident for good (in eBPF mode, with
+/// three arenas, 92-97 MiB kept against 85-86 with the thresholds fixed, the first read no
+/// slower; `docs/benchmarks.md`, "Names inline, arenas trimmed").
+#[allow(unsafe_code, reason = "libc calls without preconditions")]
+pub fn fix_thresholds() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_TRIM_THRESHOLD_").is_none() && std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+        // SAFETY: mallopt only changes the allocator's parameters; setting either threshold
+        // also stops glibc from adjusting them.
+        unsafe {
+            libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -93,5 +134,15 @@ mod tests {
         assert_eq!(super::proxy_arenas(&proxy_source(&[]), Mode::Nftables), 1, "in a Pod: the in-cluster config");
         assert_eq!(super::proxy_arenas(&proxy_source(&["--manifests", "/nonexistent"]), Mode::Nftables), 2);
         assert_eq!(super::proxy_arenas(&proxy_source(&["--manifests", "/nonexistent"]), Mode::Ebpf), 3);
+    }
+
+    #[test]
+    fn the_proxy_fixes_the_allocator_s_thresholds_fed_by_manifests_in_ebpf_mode_only() {
+        use crate::cli::Mode;
+        let manifests = proxy_source(&["--manifests", "/nonexistent"]);
+        assert!(super::proxy_fixes_thresholds(&manifests, Mode::Ebpf));
+        assert!(!super::proxy_fixes_thresholds(&manifests, Mode::Nftables));
+        assert!(!super::proxy_fixes_thresholds(&proxy_source(&["--kubeconfig", "/nonexistent"]), Mode::Ebpf));
+        assert!(!super::proxy_fixes_thresholds(&proxy_source(&[]), Mode::Ebpf));
     }
 }

@@ -69,6 +69,9 @@ pub fn run(args: &ProxyArgs) -> anyhow::Result<()> {
     let args = &args;
     // Before the first thread: arenas are handed out as threads first allocate.
     crate::memory::limit_arenas(crate::memory::proxy_arenas(&args.source, args.mode));
+    if crate::memory::proxy_fixes_thresholds(&args.source, args.mode) {
+        crate::memory::fix_thresholds();
+    }
     if args.kube_proxy.cleanup == Some(true) {
         return cleanup(&CleanupArgs { ebpf: args.ebpf.clone() });
     }
