@@ -301,6 +301,11 @@ impl Place {
 }
 
 impl Definition {
+    /// Whether this is object `n` of document `document` of file `path`: one definition is.
+    fn is_at(&self, path: &Path, document: usize, n: usize) -> bool {
+        self.document as usize == document && self.n as usize == n && self.file.as_path() == path
+    }
+
     fn order(&self) -> (&Path, usize, usize) {
         (self.file.as_path(), self.document as usize, self.n as usize)
     }
@@ -548,7 +553,7 @@ impl ManifestStore {
             let objects = record.objects_of(index);
             let mut definitions = Vec::with_capacity(objects.len());
             for (n, &hash) in objects.iter().enumerate() {
-                let here = |d: &Definition| *d.file == **path && d.document as usize == index && d.n as usize == n;
+                let here = |d: &Definition| d.is_at(path, index, n);
                 let Some(at) = self.definitions.find(hash, |_, list| list.as_slice().iter().any(here)) else {
                     continue;
                 };
@@ -582,9 +587,9 @@ impl ManifestStore {
     fn insert(&mut self, reference: ObjectRef, definition: Definition) {
         // Almost every object has one definition, held inline (see [`OneOrMany`]).
         let duplicated =
-            self.definitions.insert_or_merge(reference.clone(), OneOrMany::One(definition), |held, one| {
+            self.definitions.insert_or_merge(reference.clone(), OneOrMany::One(definition), |held, new| {
                 let mut list = std::mem::take(held).into_vec();
-                for definition in one.into_vec() {
+                for definition in new.into_vec() {
                     let at = list.partition_point(|d| d.order() < definition.order());
                     list.insert(at, definition);
                 }
@@ -659,9 +664,7 @@ impl ManifestStore {
             for index in 0..record.documents() {
                 for (n, &hash) in record.objects_of(index).iter().enumerate() {
                     let winning_here = |_: &ObjectRef, list: &OneOrMany<Definition>| {
-                        list.first().is_some_and(|first| {
-                            *first.file == **path && first.document as usize == index && first.n as usize == n
-                        })
+                        list.first().is_some_and(|first| first.is_at(path, index, n))
                     };
                     let Some(at) = self.definitions.find(hash, winning_here) else { continue };
                     let (reference, list) = self.definitions.at(at);
